@@ -1,0 +1,36 @@
+# kvforensics: the single front door. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@echo ">> creating $(VENV) and installing kvforensics (editable) with test tools"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	@echo ">> kvforensics analyze on the bundled seed case (8 x RTX PRO 6000, Kimi-K2.5 TP8 + EAGLE-3)"
+	@$(BIN)/kvforensics analyze examples/kimi-k2.5-tp8-eagle3.log --model-config examples/kimi-k2.5-config.json; \
+	  rc=$$?; if [ $$rc -eq 1 ]; then echo ">> exit code 1: findings at or above --fail-on warning (expected here)"; exit 0; fi; exit $$rc
+
+test: $(STAMP)
+	@echo ">> running tests"
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	@echo ">> ruff"
+	$(BIN)/ruff check agent collectors reports tests bench
+
+bench: $(STAMP)
+	@echo ">> benchmarks (results: bench/RESULTS.md)"
+	$(BIN)/python bench/bench_analyze.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache bench/out

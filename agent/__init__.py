@@ -1,0 +1,1 @@
+"""The forensics model: what the collected evidence means (ledgers, budgets, findings)."""

@@ -1,0 +1,175 @@
+"""From one startup's events to the full analysis: ledgers, budget, findings, recommendations.
+
+Pure: no I/O. ``analyze_startup`` is what ``kvforensics analyze`` runs after reading the log,
+and what ``inspect`` will run on the log excerpt a probe brings back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from agent import budget as budget_mod
+from agent import era as era_mod
+from agent.attribution import Attributed, attribute
+from agent.budget import Budget, ReqToToken
+from agent.kv_geometry import GeometryError, KvGeometry, geometry
+from agent.ledger import RankLedger, ledgers, where
+from agent.records import Finding, Options, Problem, Recommendation
+from collectors.sglang_log import LogEvent
+from collectors.startups import Startup
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The scheduler summary line (``max_total_num_tokens=…``), or None fields if absent."""
+
+    max_total_num_tokens: Optional[int]
+    max_running_requests: Optional[int]
+    context_len: Optional[int]
+    chunked_prefill_size: Optional[int]
+    startup_avail_bytes: Optional[int]  # available_gpu_mem: free after everything (0.4.7+)
+    source: str
+
+
+@dataclass(frozen=True)
+class Analysis:
+    target: str
+    status: str  # "ok" | "partial"
+    problems: Tuple[Problem, ...]
+    era: era_mod.Era
+    server_args: Dict[str, Any]
+    server_args_source: str
+    startup_index: Optional[int]
+    startup_count: Optional[int]
+    startup_first_line: Optional[int]
+    summary: Summary
+    ranks: Tuple[RankLedger, ...]
+    budget: Budget
+    geometry: Optional[KvGeometry]
+    req_to_token: Optional[ReqToToken]
+    attributed: Attributed
+    options: Options
+    findings: Tuple[Finding, ...] = ()
+    recommendations: Tuple[Recommendation, ...] = ()
+
+    @property
+    def tp_size(self) -> int:
+        value = self.server_args.get("tp_size")
+        return value if isinstance(value, int) and value > 0 else max(1, len(self.ranks))
+
+    @property
+    def page_size(self) -> int:
+        value = self.server_args.get("page_size")
+        return value if isinstance(value, int) and value > 0 else 1
+
+    @property
+    def failed(self) -> Optional[LogEvent]:
+        """The startup failure, if the startup failed before its summary line."""
+        if self.summary.max_total_num_tokens is not None:
+            return None
+        return self.attributed.failures[0] if self.attributed.failures else None
+
+
+def _summary(attributed: Attributed) -> Summary:
+    if not attributed.summaries:
+        return Summary(None, None, None, None, None, "")
+    # With DP, every replica (or only DP0 under DP-attention) prints one; they agree in
+    # practice, and /server_info reports DP rank 0's — so take the first.
+    s = attributed.summaries[0]
+    d = s.data
+    return Summary(d["max_total_num_tokens"], d["max_running_requests"], d["context_len"],
+                   d["chunked_prefill_size"], d["avail_bytes"], where(s))
+
+
+def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
+              problems: List[Problem]) -> Optional[KvGeometry]:
+    if opts.model_config is None:
+        return None
+    tp = args.get("tp_size") if isinstance(args.get("tp_size"), int) else 1
+    dp = args.get("dp_size") if isinstance(args.get("dp_size"), int) else 1
+    attn_tp = max(1, tp // dp) if args.get("enable_dp_attention") else tp
+    dtype = args.get("kv_cache_dtype") or (kv_dtype or "").replace("torch.", "") or None
+    try:
+        return geometry(opts.model_config, attn_tp=attn_tp, kv_cache_dtype=dtype)
+    except GeometryError as exc:
+        problems.append(Problem("model_config.unusable", "{}: {}".format(opts.model_config_path, exc)))
+        return None
+
+
+def analyze_startup(startup: Startup, target: str, opts: Options, index: Optional[int] = None,
+                    count: Optional[int] = None, reader_notes: Tuple[str, ...] = ()) -> Analysis:
+    from agent import recommend, rules
+
+    problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
+    attributed = attribute(startup)
+    era = era_mod.detect(startup)
+    args_ev = attributed.server_args
+    args: Dict[str, Any] = dict(args_ev.data["args"]) if args_ev else {}
+    summary = _summary(attributed)
+    page = args.get("page_size") if isinstance(args.get("page_size"), int) and args["page_size"] > 0 else 1
+
+    kv_dtype = next((e.data["dtype"] for e in attributed.other if e.kind == "kv_dtype"), None)
+    geo = _geometry(opts, args, kv_dtype, problems)
+
+    rtt: Optional[ReqToToken] = None
+    if summary.max_total_num_tokens and summary.context_len:
+        dp = args.get("dp_size") if isinstance(args.get("dp_size"), int) else 1
+        rtt = budget_mod.req_to_token(era, args, summary.max_total_num_tokens, summary.context_len,
+                                      summary.max_running_requests, dp)
+    mm = sum(e.data["bytes"] for e in attributed.other if e.kind == "mm_reserve")
+
+    # First pass without the reserve (it needs the budget), second with it.
+    first = ledgers(attributed, page, None, "", rtt.bytes if rtt else None, rtt.formula if rtt else "")
+    bud = budget_mod.compute(era, args, first, page, geo.bytes_per_token if geo else None,
+                             geo.formula if geo else "", mm, rtt.rows if rtt else None,
+                             _draft_loaded_first(attributed))
+    reserve_src = ""
+    if bud.reserve_bytes is not None:
+        reserve_src = "pre-load free (min over ranks) × (1 − mem_fraction_static {:g}; {})".format(
+            bud.mfs or 0, bud.mfs_source)
+    ranks = ledgers(attributed, page, bud.reserve_bytes, reserve_src, rtt.bytes if rtt else None,
+                    rtt.formula if rtt else "")
+
+    missing = _missing(attributed, summary, args_ev)
+    if missing:
+        problems.append(Problem("log.fragment", "not in this startup: " + ", ".join(missing)))
+    if not attributed.ranks:
+        problems.append(Problem("log.no_ranks", "no per-rank memory lines in this startup"))
+    status = "ok" if not missing else "partial"
+    analysis = Analysis(target, status, tuple(problems), era, args,
+                        where(args_ev) if args_ev else "", index, count, startup.first_line, summary,
+                        ranks, bud, geo, rtt, attributed, opts)
+    found = tuple(rules.evaluate(analysis))
+    recs = tuple(recommend.recommend(analysis))
+    from dataclasses import replace
+
+    return replace(analysis, findings=found, recommendations=recs)
+
+
+def _draft_loaded_first(attributed: Attributed) -> bool:
+    """True when a rank's draft weights finished loading before its target KV pool line."""
+    for rank in attributed.ranks:
+        draft_end = rank.draft.first("load_end")
+        target_kv = rank.target.first("kv_pool")
+        if draft_end is not None and target_kv is not None and _order(draft_end) < _order(target_kv):
+            return True
+    return False
+
+
+def _order(ev: LogEvent) -> Tuple[int, int]:
+    return (ev.offset, ev.line or 0)
+
+
+def _missing(attributed: Attributed, summary: Summary, args_ev: Optional[LogEvent]) -> List[str]:
+    need: List[str] = []
+    if args_ev is None:
+        need.append("server_args line")
+    kinds = {e.kind for r in attributed.ranks for e in r.target.events}
+    for kind, label in (("load_begin", "'Load weight begin'"), ("load_end", "'Load weight end'"),
+                        ("kv_pool", "'KV Cache is allocated'"), ("pool_end", "'Memory pool end'")):
+        if kind not in kinds:
+            need.append(label)
+    if summary.max_total_num_tokens is None and not attributed.failures:
+        need.append("scheduler summary 'max_total_num_tokens='")
+    return need

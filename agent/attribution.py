@@ -1,0 +1,111 @@
+"""Attribute a startup's events to ranks and, within a rank, to the target or draft runner.
+
+Lines are grouped by their rank tag as printed, never by order across ranks: scheduler
+processes write concurrently and their lines interleave. Within a rank the draft runner is
+told apart by order (research §1.2): the second ``Init … begin``/``Load weight begin``/
+``Load weight end`` belongs to the draft. KV-pool and ``Memory pool end`` lines go to the
+target until it has its own (0.5.14+ loads both models before either pool), then to the
+draft. Graph lines carry their runner in the text ("draft", "draft extend").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from collectors.sglang_log import LogEvent
+from collectors.startups import Startup
+
+RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "kv_pool",
+                "pool_end", "mamba_pool", "graph_begin", "graph_end", "graph_bs", "post_capture_kv")
+
+
+@dataclass
+class RunnerEvents:
+    events: List[LogEvent] = field(default_factory=list)
+
+    def first(self, kind: str) -> Optional[LogEvent]:
+        return next((e for e in self.events if e.kind == kind), None)
+
+    def all(self, kind: str) -> List[LogEvent]:
+        return [e for e in self.events if e.kind == kind]
+
+    def has(self, kind: str) -> bool:
+        return any(e.kind == kind for e in self.events)
+
+
+@dataclass
+class RankEvents:
+    rank: str
+    target: RunnerEvents = field(default_factory=RunnerEvents)
+    draft: RunnerEvents = field(default_factory=RunnerEvents)
+
+    @property
+    def has_draft(self) -> bool:
+        return bool(self.draft.events)
+
+
+@dataclass(frozen=True)
+class Attributed:
+    """A startup's events, split into per-rank runners and startup-wide records."""
+
+    ranks: Tuple[RankEvents, ...]
+    server_args: Optional[LogEvent]
+    summaries: Tuple[LogEvent, ...]
+    failures: Tuple[LogEvent, ...]
+    other: Tuple[LogEvent, ...]  # warnings, HiCache, dtype, SWA split, VLM adjustments
+
+
+def attribute(startup: Startup) -> Attributed:
+    ranks: Dict[str, RankEvents] = {}
+    server_args = None
+    summaries: List[LogEvent] = []
+    failures: List[LogEvent] = []
+    other: List[LogEvent] = []
+    for ev in startup.events:
+        if ev.kind == "server_args":
+            server_args = server_args or ev
+        elif ev.kind == "summary":
+            summaries.append(ev)
+        elif ev.kind == "failure":
+            failures.append(ev)
+        elif ev.kind in RUNNER_KINDS and ev.rank is not None:
+            rank = ranks.setdefault(ev.rank, RankEvents(ev.rank))
+            _runner_for(rank, ev).events.append(ev)
+        else:
+            other.append(ev)
+    ordered = tuple(sorted(ranks.values(), key=lambda r: _rank_sort_key(r.rank)))
+    return Attributed(ordered, server_args, tuple(summaries), tuple(failures), tuple(other))
+
+
+def _runner_for(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
+    t, d = rank.target, rank.draft
+    kind = ev.kind
+    if kind in ("graph_begin", "graph_end"):
+        return d if ev.data.get("draft") else t
+    if kind == "post_capture_kv":
+        return d if ev.data.get("draft") else t
+    if kind == "graph_bs":
+        return d if d.has("graph_begin") else t
+    if kind in ("dist_init_begin", "load_begin"):
+        return d if t.has(kind) else t
+    if kind in ("dist_init_end", "load_end"):
+        begin = "dist_init_begin" if kind == "dist_init_end" else "load_begin"
+        if d.has(begin) or t.has(kind):
+            return d
+        return t
+    if kind == "kv_pool":
+        label = ev.data.get("label")
+        taken = any(e.data.get("label") == label for e in t.all("kv_pool"))
+        return d if taken and d.has("load_begin") else t
+    if kind in ("pool_end", "mamba_pool"):
+        return d if t.has(kind) and d.has("load_begin") else t
+    return t
+
+
+def _rank_sort_key(rank: str) -> Tuple[Tuple[str, int], ...]:
+    parts = []
+    for token in rank.split():
+        name = token.rstrip("0123456789")
+        parts.append((name, int(token[len(name):] or 0)))
+    return tuple(parts)

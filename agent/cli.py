@@ -1,0 +1,128 @@
+"""Command line: ``kvforensics analyze LOG``. Thin Typer commands over plain functions.
+
+``main()`` is the only place that turns outcomes into exit codes (agent/exitcodes.py).
+Heavy modules (rich, the model) are imported inside commands so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import List, Optional
+
+import typer
+
+from agent import exitcodes
+
+SEVERITY_CHOICES = ("info", "warning", "error", "critical", "never")
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Explain where an LLM inference server's GPU memory went, and what to change to turn "
+    "free memory into KV tokens and concurrent requests. Sizes are GiB on screen, bytes in JSON. "
+    "Environment: NO_COLOR disables colour; KVFORENSICS_DEBUG=1 shows tracebacks of internal errors.",
+)
+
+
+@app.callback()
+def _group() -> None:
+    """Keep subcommands even while there is only one (typer collapses single-command apps)."""
+
+
+class UsageProblem(Exception):
+    """Bad input the user can fix; exit 2 with one line."""
+
+
+def _fail_level(fail_on: str) -> Optional[int]:
+    from agent.records import severity_rank
+
+    if fail_on not in SEVERITY_CHOICES:
+        raise UsageProblem("--fail-on must be one of {}".format(", ".join(SEVERITY_CHOICES)))
+    return None if fail_on == "never" else severity_rank(fail_on)
+
+
+def _use_color(color: Optional[bool]) -> bool:
+    if color is not None:
+        return color
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
+@app.command()
+def analyze(
+    log: str = typer.Argument(..., help="SGLang log: a file, a .gz file, or - for stdin.", show_default=False),
+    startup: int = typer.Option(-1, "--startup", help="Which startup: 1 = first in the file, -1 = last, -2 = the one before."),
+    model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json (or the model directory) to compute bytes per token from the architecture."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report (schema kvforensics.report/1)."),
+    fail_on: str = typer.Option("warning", "--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never."),
+    margin: float = typer.Option(2.0, "--margin", help="GiB to keep free for runtime activations when sizing recommendations."),
+    request_tokens: int = typer.Option(8192, "--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates."),
+    exact_lines: bool = typer.Option(False, "--exact-lines", help="Count line numbers even in huge logs (reads the whole file)."),
+    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
+) -> None:
+    """Explain an SGLang server's GPU memory from its startup log, offline."""
+    from agent.records import Options, severity_rank
+    from agent.analysis import analyze_startup
+    from collectors.logfile import LogReadError, read_log
+    from collectors.model_config import ModelConfigError, load_model_config
+    from reports import json_report
+
+    level = _fail_level(fail_on)
+    if margin < 0 or margin != margin:
+        raise UsageProblem("--margin must be a number of GiB >= 0")
+    if request_tokens <= 0:
+        raise UsageProblem("--request-tokens must be a positive number of tokens")
+    target = "file:" + log
+    try:
+        cfg = load_model_config(model_config) if model_config else None
+        excerpt = read_log(log, startup, count_lines=exact_lines)
+    except (LogReadError, ModelConfigError) as exc:
+        message = getattr(exc, "message", str(exc))
+        if as_json:
+            code = "log." + getattr(exc, "code", "model_config")
+            sys.stdout.write(json_report.render([], [json_report.error_target(target, "error", code, message)]))
+        raise UsageProblem(message)
+    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens,
+                   model_config=cfg, model_config_path=model_config)
+    analysis = analyze_startup(excerpt.startup, target, opts, excerpt.index, excerpt.count, excerpt.notes)
+    if as_json:
+        sys.stdout.write(json_report.render([analysis]))
+    else:
+        from reports import terminal
+
+        width = max(80, shutil.get_terminal_size((120, 24)).columns)
+        sys.stdout.write(terminal.render([analysis], color=_use_color(color), width=width))
+    if level is not None and any(severity_rank(f.severity) >= level for f in analysis.findings):
+        raise typer.Exit(exitcodes.EXIT_FINDINGS)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point: run the app, map every outcome to a documented exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        result = app(args=args, prog_name="kvforensics", standalone_mode=False)
+        return int(result) if isinstance(result, int) else exitcodes.EXIT_OK
+    except UsageProblem as exc:
+        sys.stderr.write("kvforensics: error: {}\n".format(exc))
+        return exitcodes.EXIT_USAGE
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        return exitcodes.EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return exitcodes.EXIT_OK
+    except Exception as exc:  # noqa: BLE001 — the one place that turns bugs into exit 4
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's UsageError family
+            sys.stderr.write("kvforensics: error: {}\n".format(exc.format_message()))
+            return exitcodes.EXIT_USAGE
+        if os.environ.get("KVFORENSICS_DEBUG"):
+            raise
+        sys.stderr.write("kvforensics: internal error: {}: {} (rerun with KVFORENSICS_DEBUG=1 for a "
+                         "traceback, and please report it)\n".format(type(exc).__name__, exc))
+        return exitcodes.EXIT_INTERNAL
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Bytes of KV cache per token per rank, from a model's config.json (research §2.3).
+
+MLA (DeepSeek-V2/V3, Kimi-K2/K2.5): ``(kv_lora_rank + qk_rope_head_dim) × layers × elem``,
+the same on every rank (the latent is replicated, not split by TP).
+MHA/GQA: ``max(1, kv_heads // attn_tp) × (head_dim + v_head_dim) × layers × elem`` — KV heads
+are replicated when TP exceeds the head count.
+NSA (DeepSeek-V3.2) with fp8 KV stores 656 B/layer (512 fp8 + 16 scale + 128 bf16 rope) plus
+the indexer's ``index_head_dim + index_head_dim/128×4`` bytes per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+# torch element sizes for --kv-cache-dtype (fp4 packs two values per byte; scales added below)
+_ELEM = {"bf16": 2.0, "bfloat16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
+         "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "mxfp8": 1.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0,
+         "fp4_e2m1": 0.5, "nvfp4": 0.5, "fp4_mx_block16": 0.5, "float32": 4.0}
+
+
+class GeometryError(ValueError):
+    """The config lacks what the formula needs; the message names the missing key."""
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    kind: str  # "mla" | "nsa" | "mha"
+    layers: int
+    bytes_per_token: int
+    dtype: str
+    formula: str  # the arithmetic, with the config's numbers, for the report
+
+
+def text_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Multimodal checkpoints (Kimi-K2.5, Llama-4, Gemma-3) nest the LM under text_config."""
+    inner = cfg.get("text_config") or cfg.get("language_config") or cfg.get("llm_config")
+    return inner if isinstance(inner, dict) else cfg
+
+
+def resolve_dtype(kv_cache_dtype: Optional[str], cfg: Dict[str, Any]) -> str:
+    """What 'auto' means: the checkpoint's KV quantisation if FP8, else its torch dtype."""
+    name = (kv_cache_dtype or "auto").replace("torch.", "")
+    if name != "auto":
+        return name
+    lm = text_config(cfg)
+    quant = cfg.get("quantization_config") or lm.get("quantization_config") or {}
+    if isinstance(quant, dict) and str(quant.get("kv_cache_quant_algo", "")).upper() == "FP8":
+        return "fp8_e4m3"
+    dtype = str(lm.get("torch_dtype") or cfg.get("torch_dtype") or lm.get("dtype") or "bfloat16")
+    return dtype.replace("torch.", "")
+
+
+def _need(cfg: Dict[str, Any], key: str) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or value <= 0:
+        raise GeometryError("config.json has no positive integer '{}'".format(key))
+    return value
+
+
+def geometry(cfg: Dict[str, Any], attn_tp: int = 1, kv_cache_dtype: Optional[str] = None,
+             layers: Optional[int] = None) -> KvGeometry:
+    """Per-rank KV bytes per token. ``layers`` overrides the layer count (PP stage, draft)."""
+    lm = text_config(cfg)
+    dtype = resolve_dtype(kv_cache_dtype, cfg)
+    if dtype not in _ELEM:
+        raise GeometryError("unknown KV cache dtype '{}'".format(dtype))
+    elem = _ELEM[dtype]
+    n_layers = layers or _need(lm, "num_hidden_layers")
+    if "kv_lora_rank" in lm:
+        latent = _need(lm, "kv_lora_rank")
+        rope = _need(lm, "qk_rope_head_dim")
+        index_dim = lm.get("index_head_dim")
+        if index_dim and elem == 1.0:
+            per_layer = latent + latent // 128 * 4 + rope * 2
+            indexer = index_dim + index_dim // 128 * 4
+            total = (per_layer + indexer) * n_layers
+            return KvGeometry("nsa", n_layers, total, dtype,
+                              "({} + {}/128×4 + {}×2 + indexer {}) × {} layers".format(
+                                  latent, latent, rope, indexer, n_layers))
+        base = int((latent + rope) * n_layers * elem)
+        if elem == 0.5:  # fp4: one scale byte per 16 values
+            base += ((latent + rope) // 16) * n_layers
+        return KvGeometry("mla", n_layers, base, dtype, "({} + {}) × {} layers × {:g} B".format(
+            latent, rope, n_layers, elem))
+    heads = _need(lm, "num_attention_heads")
+    kv_heads = lm.get("num_key_value_heads") or heads
+    head_dim = lm.get("head_dim") or _need(lm, "hidden_size") // heads
+    v_head_dim = lm.get("v_head_dim") or head_dim
+    per_rank = max(1, int(kv_heads) // max(1, attn_tp))
+    base = int(per_rank * (head_dim + v_head_dim) * n_layers * elem)
+    if elem == 0.5:
+        base += (per_rank * head_dim * n_layers * 2 * 2) // 16
+    return KvGeometry("mha", n_layers, base, dtype,
+                      "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(
+                          kv_heads, attn_tp, head_dim, v_head_dim, n_layers, elem))

@@ -1,0 +1,174 @@
+"""Per-rank memory ledger from a startup log: where each rank's free memory went.
+
+Every figure is int bytes and carries its source (a log line, or a formula with its inputs),
+so the report can say where each number came from. Figures the log does not give are None.
+
+The ledger starts from the free memory SGLang measured just before loading weights
+("Load weight begin. avail mem") and ends at the last free figure the rank printed (the
+scheduler summary's ``available_gpu_mem`` on the rank that prints it, else the last capture
+line). In between, each item is a logged usage or a computed allocation; what the log's
+own free figures say went missing beyond the items is the unexplained remainder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from agent.attribution import Attributed, RankEvents, RunnerEvents
+from collectors.sglang_log import LogEvent
+
+
+def where(ev: Optional[LogEvent]) -> str:
+    """Evidence for one event: 'line 123' (or 'byte 4567' when lines were not counted)."""
+    if ev is None:
+        return ""
+    return "line {}".format(ev.line) if ev.line is not None else "byte {}".format(ev.offset)
+
+
+@dataclass(frozen=True)
+class RunnerLedger:
+    """One model runner (target or draft) on one rank. Sizes in bytes."""
+
+    dist_init_bytes: Optional[int] = None
+    pre_load_avail_bytes: Optional[int] = None
+    weights_bytes: Optional[int] = None
+    post_load_avail_bytes: Optional[int] = None
+    kv_tokens: Optional[int] = None
+    kv_bytes: Optional[int] = None
+    bytes_per_token: Optional[int] = None
+    pool_end_avail_bytes: Optional[int] = None
+    graph_bytes: Optional[int] = None
+    graph_end_avail_bytes: Optional[int] = None
+    mamba_bytes: Optional[int] = None
+    workspace_bytes: Optional[int] = None
+    model_type: Optional[str] = None
+    kv_dtype: Optional[str] = None
+    sources: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        """What this runner itself holds (weights, KV, Mamba state, graphs, workspaces)."""
+        return sum(x or 0 for x in (self.weights_bytes, self.kv_bytes, self.mamba_bytes,
+                                    self.graph_bytes, self.workspace_bytes))
+
+
+@dataclass(frozen=True)
+class RankLedger:
+    rank: str
+    target: RunnerLedger
+    draft: Optional[RunnerLedger]
+    reserve_bytes: Optional[int]  # pre-load free (min over ranks) × (1 − mem_fraction_static)
+    req_to_token_bytes: Optional[int]
+    final_avail_bytes: Optional[int]
+    unexplained_bytes: Optional[int]
+    sources: Dict[str, str] = field(default_factory=dict)
+
+
+def runner_ledger(runner: RunnerEvents, page_size: int) -> RunnerLedger:
+    values: Dict[str, object] = {}
+    src: Dict[str, str] = {}
+
+    def put(name: str, value: object, ev: Optional[LogEvent], how: str = "") -> None:
+        if value is None:
+            return
+        values[name] = value
+        src[name] = (where(ev) + (": " + how if how else "")).strip(": ")
+
+    dist = runner.first("dist_init_end")
+    put("dist_init_bytes", dist and dist.data.get("used_bytes"), dist, "Init … ends, mem usage")
+    begin, end = runner.first("load_begin"), runner.first("load_end")
+    pre = begin.data["avail_bytes"] if begin else None
+    put("pre_load_avail_bytes", pre, begin, "Load weight begin, avail mem")
+    if end is not None:
+        post = end.data["avail_bytes"]
+        put("post_load_avail_bytes", post, end, "Load weight end, avail mem")
+        values["model_type"] = end.data.get("model_type")
+        if end.data.get("used_bytes") is not None:
+            put("weights_bytes", end.data["used_bytes"], end, "Load weight end, mem usage")
+        elif pre is not None:
+            put("weights_bytes", pre - post, end, "avail before − after load ({})".format(where(begin)))
+    pools = runner.all("kv_pool")
+    post_capture = runner.first("post_capture_kv")
+    if post_capture is not None:  # 0.5.18+ post-capture sizing: the final pool replaces the VA bound
+        put("kv_tokens", post_capture.data["tokens"], post_capture, "Post-capture KV sizing, #tokens")
+        put("kv_bytes", post_capture.data["kv_bytes"], post_capture, "Post-capture KV sizing, KV size")
+        values["kv_dtype"] = post_capture.data.get("dtype")
+    elif pools:
+        first = pools[0]
+        tokens = first.data.get("tokens")
+        put("kv_tokens", tokens, first, "KV Cache is allocated, #tokens")
+        kv = sum(p.data["kv_bytes"] for p in pools)
+        lines = ", ".join(where(p) for p in pools)
+        put("kv_bytes", kv, pools[-1], "sum of {} KV pool line(s) ({})".format(len(pools), lines)
+            if len(pools) > 1 else "KV Cache is allocated, K+V / KV size")
+        values["kv_dtype"] = first.data.get("dtype")
+        if tokens and len(pools) == 1:
+            # The buffers have size + page_size rows (row 0 pads), memory_pool.py.
+            put("bytes_per_token", int(round(kv / (tokens + page_size))), first,
+                "KV size / (#tokens + page_size {}), ±0.005 GiB print rounding".format(page_size))
+    mamba = runner.all("mamba_pool")
+    if mamba:
+        total = sum((m.data["conv_bytes"] or 0) + (m.data["ssm_bytes"] or 0) + m.data["intermediate_bytes"]
+                    for m in mamba)
+        put("mamba_bytes", total, mamba[0], "Mamba Cache is allocated, conv + ssm state")
+    pool_end = runner.first("pool_end")
+    put("pool_end_avail_bytes", pool_end and pool_end.data["avail_bytes"], pool_end, "Memory pool end")
+    graph_begin = next((g for g in runner.all("graph_begin") if g.data.get("avail_bytes") is not None), None)
+    if pool_end is not None and graph_begin is not None:
+        gap = pool_end.data["avail_bytes"] - graph_begin.data["avail_bytes"]
+        if gap >= 0:
+            put("workspace_bytes", gap, graph_begin, "attention workspaces: Memory pool end ({}) − "
+                "first Capture … begin avail".format(where(pool_end)))
+    ends = [g for g in runner.all("graph_end") if g.data.get("used_bytes") is not None]
+    if ends:
+        put("graph_bytes", sum(g.data["used_bytes"] for g in ends), ends[-1],
+            "sum of {} Capture … end mem usage ({})".format(len(ends), ", ".join(where(g) for g in ends)))
+    last_avail = [g for g in runner.all("graph_end") if g.data.get("avail_bytes") is not None]
+    if last_avail:
+        put("graph_end_avail_bytes", last_avail[-1].data["avail_bytes"], last_avail[-1], "last Capture … end avail")
+    return RunnerLedger(sources=src, **values)  # type: ignore[arg-type]
+
+
+def last_avail(rank: RankEvents, summary: Optional[LogEvent]) -> Tuple[Optional[int], Optional[LogEvent]]:
+    """The rank's last free-memory figure, preferring its own scheduler summary line."""
+    if summary is not None and summary.data.get("avail_bytes") is not None:
+        return summary.data["avail_bytes"], summary
+    best: Optional[LogEvent] = None
+    for ev in rank.target.events + rank.draft.events:
+        if ev.data.get("avail_bytes") is not None and (best is None or ev.offset >= best.offset):
+            best = ev
+    return (best.data["avail_bytes"], best) if best else (None, None)
+
+
+def rank_ledger(rank: RankEvents, page_size: int, reserve: Optional[int], reserve_src: str,
+                req_to_token: Optional[int], req_src: str, summary: Optional[LogEvent]) -> RankLedger:
+    target = runner_ledger(rank.target, page_size)
+    draft = runner_ledger(rank.draft, page_size) if rank.has_draft else None
+    final, final_ev = last_avail(rank, summary)
+    sources: Dict[str, str] = {}
+    if reserve is not None:
+        sources["reserve_bytes"] = reserve_src
+    if req_to_token is not None:
+        sources["req_to_token_bytes"] = req_src
+    if final is not None:
+        sources["final_avail_bytes"] = where(final_ev)
+    unexplained = None
+    pre = target.pre_load_avail_bytes
+    if pre is not None and final is not None and target.weights_bytes is not None:
+        items: List[int] = [target.total_bytes, req_to_token or 0]
+        if draft is not None:
+            items.append(draft.total_bytes)
+        unexplained = pre - final - sum(items)
+        sources["unexplained_bytes"] = ("pre-load free − final free − every item above "
+                                        "(allocator cache, pool metadata, CUDA/NCCL buffers)")
+    return RankLedger(rank.rank, target, draft, reserve, req_to_token, final, unexplained, sources)
+
+
+def ledgers(attributed: Attributed, page_size: int, reserve: Optional[int], reserve_src: str,
+            req_to_token: Optional[int], req_src: str) -> Tuple[RankLedger, ...]:
+    out = []
+    for rank in attributed.ranks:
+        summary = next((s for s in attributed.summaries if s.rank == rank.rank), None)
+        out.append(rank_ledger(rank, page_size, reserve, reserve_src, req_to_token, req_src, summary))
+    return tuple(out)

@@ -1,0 +1,51 @@
+"""Result records shared by the model, the rules and the renderers. Sizes are int bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+SEVERITIES = ("info", "warning", "error", "critical")
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something kvforensics could not do or could not know, with the reason."""
+
+    code: str  # stable, dotted: "log.line_numbers_unknown"
+    message: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # stable: scripts and alerts key on it
+    severity: str  # info | warning | error | critical
+    title: str
+    detail: str
+    bytes: Optional[int] = None
+    evidence: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    flag: str
+    value: str
+    gain_bytes: Optional[int]
+    gain_tokens: Optional[int]
+    basis: str  # "measured" | "estimated"
+    rationale: str
+    gain_requests: Dict[str, Optional[int]] = field(default_factory=dict)  # "at_context_len", "at_request_tokens"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Analysis knobs, all documented in the README."""
+
+    margin_bytes: int = 2 << 30  # kept free for runtime activations not seen at startup
+    request_tokens: int = 8192  # typical prompt + output length for concurrency estimates
+    model_config: Optional[Dict[str, Any]] = None
+    model_config_path: Optional[str] = None

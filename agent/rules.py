@@ -1,0 +1,322 @@
+"""Findings: small pure rules over an Analysis. Each returns zero or more Findings.
+
+Codes are stable (documented in README); tolerances are named constants.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Tuple
+
+from agent.analysis import Analysis
+from agent.ledger import RankLedger, where
+from agent.records import Finding
+from collectors.sglang_log import GIB
+
+UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
+IMBALANCE_WARN_BYTES = 512 << 20  # post-load free spread across ranks worth reporting
+GEOMETRY_TOLERANCE = 0.01  # config vs log bytes-per-token, relative
+
+
+def gib(n: Optional[float]) -> str:
+    return "?" if n is None else "{:.2f} GiB".format(n / GIB)
+
+
+def _min_rank(a: Analysis) -> Optional[RankLedger]:
+    known = [r for r in a.ranks if r.target.pre_load_avail_bytes is not None]
+    return min(known, key=lambda r: r.target.pre_load_avail_bytes or 0) if known else None
+
+
+def _ev(r: Optional[RankLedger], *fields: str) -> Tuple[str, ...]:
+    if r is None:
+        return ()
+    out = []
+    for f in fields:
+        s = r.target.sources.get(f)
+        if s:
+            out.append("{} {}".format(r.rank or "rank", s) if r.rank else s)
+    return tuple(out)
+
+
+def startup_failed(a: Analysis) -> Iterator[Finding]:
+    ev = a.failed
+    if ev is None:
+        return
+    cause = ev.data["cause"]
+    b = a.budget
+    explain = {
+        "not_enough_memory": "the KV budget came out at or below zero",
+        "weights_leave_no_memory": "the loaded weights leave no GPU memory for the KV cache",
+        "cuda_graph_capture_failed": "CUDA graph capture ran out of the memory left outside the KV pool",
+        "cuda_out_of_memory": "a CUDA allocation failed during startup",
+        "host_memory_short": "the HiCache host pool needs more host RAM than is free",
+    }.get(cause, cause)
+    detail = "{}: {} ({}).".format(explain, ev.text, where(ev))
+    if cause in ("not_enough_memory", "weights_leave_no_memory") and b.pre_min_bytes and b.post_min_bytes:
+        floor = 1 - b.post_min_bytes / b.pre_min_bytes
+        detail += (" Post-load free {} against pre-load free {}: any --mem-fraction-static at or below "
+                   "{:.4f} leaves rest = post − pre × (1 − f) ≤ 0.").format(
+                       gib(b.post_min_bytes), gib(b.pre_min_bytes), floor)
+    if cause == "host_memory_short":
+        detail += " Requested {:.2f} GB, free {:.2f} GB (decimal GB, per rank).".format(
+            ev.data["requested_bytes"] / 1e9, ev.data["free_bytes"] / 1e9)
+    yield Finding("startup_failed", "critical", "The startup failed: " + explain, detail,
+                  None, (where(ev),))
+
+
+def mem_fraction_semantics(a: Analysis) -> Iterator[Finding]:
+    b = a.budget
+    r = _min_rank(a)
+    if b.mfs is None or b.pre_min_bytes is None or b.post_min_bytes is None or r is None:
+        return
+    pre, post, f = b.pre_min_bytes, b.post_min_bytes, b.mfs
+    reserve = b.reserve_bytes or 0
+    naive_reserve = post * (1 - f)
+    naive_kv = post * f
+    kv = r.target.kv_bytes
+    detail = ("SGLang reserves (1 − mem_fraction_static) of the free memory measured BEFORE the weights "
+              "load: (1 − {f:g}) × {pre} = {res}. The KV pool gets what is left after the weights minus "
+              "that reserve: {post} − {res} = {rest}. The naive reading, {f:g} × the {post} left after "
+              "the weights = {naive}, would reserve only {nres}.").format(
+                  f=f, pre=gib(pre), res=gib(reserve), post=gib(post), rest=gib(post - reserve),
+                  naive=gib(naive_kv), nres=gib(naive_reserve))
+    if kv is not None:
+        detail += " Logged KV pool: {} (naive expectation {}, {} less).".format(
+            gib(kv), gib(naive_kv), gib(naive_kv - kv))
+    if b.mfs_source.startswith("back-solved"):
+        detail += " mem_fraction_static was " + b.mfs_source + "."
+    title = "--mem-fraction-static {:g} reserved {} of the {} free before loading, not {} of the {} left after".format(
+        f, gib(reserve), gib(pre), gib(naive_reserve), gib(post))
+    evidence = _ev(r, "pre_load_avail_bytes", "post_load_avail_bytes", "kv_bytes")
+    if a.server_args_source:
+        evidence = (a.server_args_source + ": server_args",) + evidence
+    yield Finding("mem_fraction_semantics", "info", title, detail, reserve, evidence)
+
+
+def reserve_breakdown(a: Analysis) -> List[Tuple[str, int, str]]:
+    """Where the memory left after the KV pool went, on the rank with the least free memory.
+
+    Returns (item, bytes, source) rows that sum to post-load free − KV − Mamba.
+    """
+    r = _min_rank(a)
+    if r is None:
+        return []
+    t, d = r.target, r.draft
+    post = t.post_load_avail_bytes
+    if a.budget.draft_in_budget and d is not None and d.post_load_avail_bytes is not None:
+        post = d.post_load_avail_bytes
+    if post is None or t.kv_bytes is None or r.final_avail_bytes is None:
+        return []
+    rows: List[Tuple[str, int, str]] = []
+    start = post - t.kv_bytes - (t.mamba_bytes or 0)
+    if r.req_to_token_bytes:
+        rows.append(("req_to_token table", r.req_to_token_bytes, r.sources.get("req_to_token_bytes", "")))
+    if t.workspace_bytes:
+        rows.append(("attention workspaces", t.workspace_bytes, t.sources.get("workspace_bytes", "")))
+    if t.graph_bytes:
+        rows.append(("CUDA graphs (target)", t.graph_bytes, t.sources.get("graph_bytes", "")))
+    if d is not None:
+        if not a.budget.draft_in_budget:
+            if d.weights_bytes:
+                rows.append(("draft weights", d.weights_bytes, d.sources.get("weights_bytes", "")))
+            if d.kv_bytes:
+                rows.append(("draft KV pool", d.kv_bytes, d.sources.get("kv_bytes", "")))
+        if d.workspace_bytes:
+            rows.append(("draft workspaces", d.workspace_bytes, d.sources.get("workspace_bytes", "")))
+        if d.graph_bytes:
+            rows.append(("CUDA graphs (draft)", d.graph_bytes, d.sources.get("graph_bytes", "")))
+    rows.append(("still free after startup", r.final_avail_bytes, r.sources.get("final_avail_bytes", "")))
+    rest = start - sum(x[1] for x in rows)
+    rows.append(("unexplained (allocator cache, pool metadata, buffers)", rest,
+                 "post-load free − KV − items above"))
+    return rows
+
+
+def reserve_spent(a: Analysis) -> Iterator[Finding]:
+    rows = reserve_breakdown(a)
+    if not rows or a.budget.reserve_bytes is None:
+        return
+    parts = "; ".join("{} {} ({})".format(name, gib(n), src) for name, n, src in rows)
+    yield Finding("reserve_breakdown", "info",
+                  "Where the {} reserve went".format(gib(a.budget.reserve_bytes)),
+                  parts + ".", a.budget.reserve_bytes, ())
+
+
+def kv_budget_check(a: Analysis) -> Iterator[Finding]:
+    b = a.budget
+    if b.predicted_tokens is None or b.logged_tokens is None:
+        return
+    sev = "warning" if b.verdict == "differs" else "info"
+    title = "The formula predicts {:,} KV tokens; the log says {:,}: {}".format(
+        b.predicted_tokens, b.logged_tokens, "agrees" if b.verdict in ("agrees", "explained") else "differs")
+    detail = "; ".join(b.steps) + ". " + b.explanation + ". Bytes per token: {} ({}).".format(
+        b.cell_bytes, b.cell_source)
+    r = _min_rank(a)
+    yield Finding("kv_budget_check", sev, title, detail,
+                  None if b.cell_bytes is None else abs(b.predicted_tokens - b.logged_tokens) * b.cell_bytes,
+                  _ev(r, "pre_load_avail_bytes", "post_load_avail_bytes", "kv_tokens"))
+
+
+def headroom(a: Analysis) -> Tuple[Optional[int], str]:
+    """Free memory after startup: the summary's available_gpu_mem, else the least of the ranks'."""
+    if a.summary.startup_avail_bytes is not None:
+        return a.summary.startup_avail_bytes, a.summary.source + ": available_gpu_mem"
+    finals = [(r.final_avail_bytes, r) for r in a.ranks if r.final_avail_bytes is not None]
+    if not finals:
+        return None, ""
+    value, r = min(finals, key=lambda x: x[0])
+    return value, "{} {}: last free figure".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
+
+
+def unused_gpu_memory(a: Analysis) -> Iterator[Finding]:
+    if a.failed is not None:
+        return
+    free, src = headroom(a)
+    if free is None:
+        return
+    margin = a.options.margin_bytes
+    spare = free - margin
+    if spare < UNUSED_WARN_BYTES:
+        if free < margin:
+            yield Finding("low_headroom", "warning",
+                          "Only {} free after startup, below the {} margin".format(gib(free), gib(margin)),
+                          "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
+                          "come out of this; out-of-memory errors under load are likely.", free, (src,))
+        return
+    cell = a.budget.cell_bytes
+    tokens = " ≈ {:,} more KV tokens".format(spare // cell) if cell else ""
+    yield Finding("unused_gpu_memory", "warning",
+                  "{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
+                  "{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
+                  "the KV pool could use{}.".format(gib(free), src, gib(margin), gib(spare), tokens),
+                  spare, (src,))
+
+
+def draft_in_reserve(a: Analysis) -> Iterator[Finding]:
+    r = _min_rank(a)
+    if r is None or r.draft is None:
+        return
+    d = r.draft
+    spent = d.total_bytes
+    kind = d.model_type or "the draft model"
+    if a.budget.draft_in_budget:
+        yield Finding("draft_in_budget", "info",
+                      "The draft model ({}) is inside the KV budget (SGLang 0.5.14+)".format(kind),
+                      "Its weights ({}) were loaded before the KV pool was sized, and its KV is folded into "
+                      "the bytes per token.".format(gib(d.weights_bytes)), spent, _ev(r, "kv_bytes"))
+        return
+    reserve = a.budget.reserve_bytes
+    share = " — {:.0f}% of the {} reserve".format(100 * spent / reserve, gib(reserve)) if reserve else ""
+    detail = ("SGLang ≤0.5.13 sizes the target KV pool first and then loads the draft runner out of "
+              "the (1 − mem_fraction_static) reserve: weights {}, KV {}, workspaces {}, graphs {}{}. "
+              "That memory is not available for activations, and the reserve was not enlarged for it.").format(
+        gib(d.weights_bytes), gib(d.kv_bytes), gib(d.workspace_bytes), gib(d.graph_bytes), share)
+    evidence = tuple(s for s in (d.sources.get("weights_bytes"), d.sources.get("kv_bytes"),
+                                 d.sources.get("graph_bytes")) if s)
+    yield Finding("draft_in_reserve", "warning" if reserve and spent > reserve / 4 else "info",
+                  "The draft model ({}) took {} out of the reserve".format(kind, gib(spent)),
+                  detail, spent, evidence)
+
+
+def concurrency_bound(a: Analysis) -> Iterator[Finding]:
+    s = a.summary
+    if s.max_total_num_tokens is None or s.context_len is None or s.max_running_requests is None:
+        return
+    t, c, r, n = s.max_total_num_tokens, s.context_len, s.max_running_requests, a.options.request_tokens
+    full = t // c
+    at_n = t // n
+    if at_n < r:
+        bound = "KV tokens"
+        title = "KV tokens bound concurrency: {:,} tokens hold {:,} requests of {:,} tokens, below the {:,} request slots".format(
+            t, at_n, n, r)
+    else:
+        bound = "request slots"
+        title = "Request slots bound concurrency: max_running_requests {:,} < {:,} requests of {:,} tokens the KV pool holds".format(
+            r, at_n, n)
+    detail = ("max_total_num_tokens {:,}, max_running_requests {:,}, context_len {:,} ({}). At context_len, "
+              "{} full-length request(s) fit at once{}; at {:,} tokens per request (--request-tokens), {:,}. "
+              "Bound: {}.").format(t, r, c, s.source, full,
+                                   " — not even one" if full == 0 else "", n, min(r, at_n), bound)
+    sev = "warning" if full == 0 or bound == "KV tokens" else "info"
+    yield Finding("concurrency_bound", sev, title, detail, None, (s.source,))
+
+
+def rank_imbalance(a: Analysis) -> Iterator[Finding]:
+    posts = [(r.target.post_load_avail_bytes, r) for r in a.ranks if r.target.post_load_avail_bytes is not None]
+    warned = next((e for e in a.attributed.other if e.kind == "unbalanced"), None)
+    if len(posts) < 2 and warned is None:
+        return
+    spread = 0
+    detail = ""
+    evidence: Tuple[str, ...] = ()
+    if len(posts) >= 2:
+        lo = min(posts, key=lambda x: x[0])
+        hi = max(posts, key=lambda x: x[0])
+        spread = hi[0] - lo[0]
+        if spread < IMBALANCE_WARN_BYTES and warned is None:
+            return
+        cell = a.budget.cell_bytes
+        cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
+        detail = ("Free memory after loading ranges from {} on {} to {} on {}. SGLang sizes every rank's "
+                  "pool from the minimum, so each other rank leaves up to {}{} unused. Something else "
+                  "(another process, a leftover allocation) holds memory on {}.").format(
+            gib(lo[0]), lo[1].rank, gib(hi[0]), hi[1].rank, gib(spread), cost, lo[1].rank)
+        evidence = _ev(lo[1], "post_load_avail_bytes") + _ev(hi[1], "post_load_avail_bytes")
+    if warned is not None:
+        detail += " SGLang itself warned: {} ({}).".format(warned.text, where(warned))
+        evidence += (where(warned),)
+    yield Finding("rank_imbalance", "warning", "GPU memory is unbalanced across ranks", detail.strip(),
+                  spread or None, evidence)
+
+
+def kv_geometry_check(a: Analysis) -> Iterator[Finding]:
+    g = a.geometry
+    r = _min_rank(a)
+    if g is None or r is None or r.target.kv_tokens is None or r.target.kv_bytes is None:
+        return
+    logged = r.target.kv_bytes / (r.target.kv_tokens + a.page_size)
+    diff = abs(logged - g.bytes_per_token) / g.bytes_per_token
+    if diff <= GEOMETRY_TOLERANCE:
+        yield Finding("kv_geometry", "info", "Bytes per token match the model config: {:,} B".format(g.bytes_per_token),
+                      "{} = {:,} B ({} KV, {}); the log implies {:,.0f} B.".format(
+                          g.formula, g.bytes_per_token, g.kind.upper(), g.dtype, logged), None,
+                      _ev(r, "kv_bytes"))
+        return
+    yield Finding("kv_geometry_mismatch", "warning",
+                  "The log's KV pool does not match the model config ({:,.0f} B vs {:,} B per token)".format(
+                      logged, g.bytes_per_token),
+                  "From config: {} ({}). Check --kv-cache-dtype, the TP size, the layer count (PP), or "
+                  "whether the right config.json was given.".format(g.formula, g.dtype), None, _ev(r, "kv_bytes"))
+
+
+def startup_notes(a: Analysis) -> Iterator[Finding]:
+    for ev in a.attributed.other:
+        if ev.kind == "mfs_adjusted":
+            yield Finding("mem_fraction_adjusted", "info",
+                          "SGLang lowered --mem-fraction-static from {:g} to {:g} for the vision tower".format(
+                              ev.data["from"], ev.data["to"]), ev.text, None, (where(ev),))
+        elif ev.kind == "requests_reduced":
+            yield Finding("max_running_requests_reduced", "warning",
+                          "max_running_requests was cut from {} to {} by the KV capacity".format(
+                              ev.data["requested"], ev.data["effective"]), ev.text, None, (where(ev),))
+        elif ev.kind == "cap_ignored":
+            yield Finding("max_total_tokens_ignored", "info",
+                          "--max-total-tokens {:,} exceeded the profiled {:,} and was ignored".format(
+                              ev.data["requested"], ev.data["profiled"]), ev.text, None, (where(ev),))
+        elif ev.kind == "hicache_host":
+            yield Finding("hicache_host_pool", "info",
+                          "HiCache host pool: {:.2f} GB of host RAM per rank{}".format(
+                              ev.data["host_bytes"] / 1e9,
+                              ", {:,} tokens".format(ev.data["tokens"]) if ev.data.get("tokens") else ""),
+                          ev.text + " (decimal GB: HiCache sizes use 1e9)", ev.data["host_bytes"], (where(ev),))
+
+
+RULES = (startup_failed, mem_fraction_semantics, kv_budget_check, reserve_spent, unused_gpu_memory,
+         draft_in_reserve, concurrency_bound, rank_imbalance, kv_geometry_check, startup_notes)
+
+
+def evaluate(a: Analysis) -> List[Finding]:
+    out: List[Finding] = []
+    for rule in RULES:
+        out.extend(rule(a))
+    order = {"critical": 0, "error": 1, "warning": 2, "info": 3}
+    return sorted(out, key=lambda f: order[f.severity])

@@ -1,0 +1,283 @@
+"""Read an SGLang log (plain file, .gz or stdin) and return the startup asked for.
+
+Logs on inference nodes grow to gigabytes, and the startup that matters is usually the last
+one. A plain file is therefore mapped, not read: the last ``Load weight begin`` is found by a
+backward search (``mmap.rfind``, a memchr-speed scan), a window before it is parsed forward
+until that startup has ended, and the window only grows when the startup began earlier.
+Lines are not split one by one: each block is searched for a few keywords that every memory
+line contains, and only the lines around the hits are decoded and parsed.
+
+Compressed files and stdin cannot be read backwards; they are streamed once, forward.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import mmap
+import os
+import sys
+from dataclasses import dataclass
+from typing import BinaryIO, List, Optional, Tuple
+
+from collectors.sglang_log import parse_line
+from collectors.startups import Startup, StartupSegmenter
+
+# Every line the parser recognises contains one of these (checked by tests/test_logfile.py
+# against the fixture of every line format).
+KEYWORDS = (
+    b"GB",
+    b"max_total_num_tokens=",
+    b"server_args=",
+    b" begin.",
+    b"Not enough memory",
+    b"Loaded weights leave",
+    b"memory capacity is unbalanced",
+    b"out of memory",
+    b"OutOfMemoryError",
+    b"graph failed",
+    b"graph bs",
+    b"KV cache dtype",
+    b"indow memory pool",
+    b"Dynamically adjusted",
+    b"was reduced from",
+    b"profiled value",
+)
+ANCHOR = b"Load weight begin"  # every startup since 0.2.15 prints it, once per rank and runner
+BLOCK_BYTES = 4 << 20
+WHOLE_FILE_BYTES = 32 << 20  # below this, read everything: counts and line numbers are exact
+FIRST_WINDOW_BYTES = 8 << 20
+LINE_COUNT_LIMIT_BYTES = 512 << 20  # counting newlines runs at ~2.4 GB/s here (bench/)
+MAX_AFTER_ANCHOR_BYTES = 256 << 20
+GRACE_BLOCKS = 1  # blocks read after a startup closed: late ranks' last lines
+
+
+class LogReadError(Exception):
+    """The log cannot be read or holds no startup; ``message`` is one actionable sentence."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class LogExcerpt:
+    """The chosen startup and what is known about the others."""
+
+    source: str
+    startup: Startup
+    index: Optional[int]  # 1-based from the start of the file; None when not all was read
+    index_from_end: int  # -1 = the last startup
+    count: Optional[int]  # startups in the file; None when the start of the file was not read
+    seen: int  # startups actually read
+    window_start: int  # byte offset where reading began
+    size_bytes: Optional[int]
+    notes: Tuple[str, ...]  # what the reader could not do, in plain words
+
+
+def read_log(path: str, startup: int = -1, count_lines: bool = False) -> LogExcerpt:
+    """Read ``path`` (``-`` = stdin) and return startup ``startup`` (1-based, or -1 = last)."""
+    if startup == 0:
+        raise LogReadError("usage", "--startup counts from 1 (first) or from -1 (last); 0 is neither")
+    if path == "-":
+        return _from_stream(sys.stdin.buffer, "<stdin>", startup)
+    _check_path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+            if magic == b"\x1f\x8b":
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f) as gz:
+                    return _from_stream(gz, path, startup)
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise LogReadError("empty", "{}: the file is empty".format(path))
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _from_mapped(buf, path, size, startup, count_lines)
+    except PermissionError:
+        raise LogReadError("unreadable", "{}: permission denied (run as a user who can read it)".format(path))
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:  # type: ignore[attr-defined]
+        raise LogReadError("unreadable", "{}: cannot read: {}".format(path, _one_line(exc)))
+
+
+def _check_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise LogReadError("missing", "{}: no such file".format(path))
+    if os.path.isdir(path):
+        raise LogReadError("directory", "{}: is a directory; pass the log file inside it".format(path))
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+# --- block scanning ------------------------------------------------------------------------
+
+
+def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], seg: StartupSegmenter) -> int:
+    """Parse the keyword lines of ``buf`` (whole lines only); return its newline count."""
+    starts = set()
+    for kw in KEYWORDS:
+        i = buf.find(kw)
+        while i != -1:
+            start = buf.rfind(b"\n", 0, i) + 1
+            starts.add(start)
+            end = buf.find(b"\n", i)
+            if end == -1:
+                break
+            i = buf.find(kw, end)
+    line = base_line
+    prev = 0
+    for start in sorted(starts):
+        end = buf.find(b"\n", start)
+        if end == -1:
+            end = len(buf)
+        if line is not None:
+            line += buf.count(b"\n", prev, start)
+            prev = start
+        raw = buf[start:end].decode("utf-8", "replace")
+        for ev in parse_line(raw, None if line is None else line + 1, base_offset + start):
+            seg.feed(ev)
+    return buf.count(b"\n") if base_line is not None else 0
+
+
+def _from_stream(stream: BinaryIO, source: str, which: int) -> LogExcerpt:
+    seg = StartupSegmenter()
+    offset = 0
+    line = 0
+    carry = b""
+    saw_nul = False
+    while True:
+        chunk = stream.read(BLOCK_BYTES)
+        if not chunk:
+            break
+        data = carry + chunk
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            carry = data
+            if len(carry) > BLOCK_BYTES * 4:  # one endless line: parse what we have
+                cut = len(carry)
+            else:
+                continue
+        block, carry = data[:cut], data[cut:]
+        saw_nul = saw_nul or b"\x00" in block[:8192]
+        line += _scan_block(block, offset, line, seg)
+        offset += len(block)
+    if carry:
+        saw_nul = saw_nul or b"\x00" in carry[:8192]
+        _scan_block(carry, offset, line, seg)
+        offset += len(carry)
+    if offset == 0:
+        raise LogReadError("empty", "{}: the input is empty".format(source))
+    return _choose(seg.result(), source, which, complete=True, window_start=0,
+                   size=offset, notes=(), binary=saw_nul)
+
+
+def _line_start(buf: "mmap.mmap", pos: int) -> int:
+    return 0 if pos <= 0 else buf.rfind(b"\n", 0, pos) + 1
+
+
+def _scan_window(buf: "mmap.mmap", start: int, size: int, anchor: int,
+                 base_line: Optional[int]) -> Tuple[StartupSegmenter, List[str]]:
+    """Parse forward from ``start`` until the startup holding ``anchor`` has ended."""
+    seg = StartupSegmenter()
+    notes: List[str] = []
+    pos = start
+    line = base_line
+    blocks_after_close = 0
+    while pos < size:
+        end = min(size, pos + BLOCK_BYTES)
+        if end < size:
+            cut = buf.rfind(b"\n", pos, end)
+            end = cut + 1 if cut != -1 else end
+        block = buf[pos:end]
+        counted = _scan_block(block, pos, line, seg)
+        if line is not None:
+            line += counted
+        pos = end
+        if pos > anchor:
+            if seg.current_closed:
+                blocks_after_close += 1
+                if blocks_after_close > GRACE_BLOCKS:
+                    break
+            elif pos - anchor > MAX_AFTER_ANCHOR_BYTES:
+                notes.append("stopped reading {} MiB after the last startup began: it never printed "
+                             "its summary line".format(MAX_AFTER_ANCHOR_BYTES >> 20))
+                break
+    return seg, notes
+
+
+def _count_newlines(buf: "mmap.mmap", end: int) -> int:
+    total = 0
+    for pos in range(0, end, 16 << 20):
+        total += buf[pos:min(end, pos + (16 << 20))].count(b"\n")
+    return total
+
+
+def _from_mapped(buf: "mmap.mmap", source: str, size: int, which: int, count_lines: bool) -> LogExcerpt:
+    binary = b"\x00" in buf[:8192]
+    if which > 0 or size <= WHOLE_FILE_BYTES:
+        seg, notes = _scan_window(buf, 0, size, size, 0)
+        return _choose(seg.result(), source, which, True, 0, size, tuple(notes), binary)
+    anchor = buf.rfind(ANCHOR)
+    if anchor == -1:
+        anchor = buf.rfind(b"server_args=")
+    notes: List[str] = []
+    if anchor == -1:  # a fragment without a load line: read the tail only
+        anchor = max(0, size - MAX_AFTER_ANCHOR_BYTES // 4)
+        notes.append("no 'Load weight begin' line in the file; read its last {} MiB".format(
+            (size - anchor) >> 20))
+    back = FIRST_WINDOW_BYTES
+    while True:
+        start = _line_start(buf, anchor - back)
+        base_line: Optional[int] = None
+        if start == 0:
+            base_line = 0
+        elif count_lines or start <= LINE_COUNT_LIMIT_BYTES:
+            base_line = _count_newlines(buf, start)
+        seg, window_notes = _scan_window(buf, start, size, anchor, base_line)
+        startups = seg.result()
+        if start == 0 or len(startups) >= -which + 1:
+            break
+        back *= 4
+    if base_line is None:
+        notes.append("line numbers unknown: the {:.1f} GiB before the startup were not counted "
+                     "(evidence gives byte offsets; --exact-lines counts them)".format(start / (1 << 30)))
+    if start > 0:
+        # The first startup in the window may be cut by the window edge: never report it.
+        startups = startups[1:] if len(startups) > -which else startups
+    return _choose(startups, source, which, start == 0, start, size, tuple(notes + window_notes), binary)
+
+
+def _choose(startups: List[Startup], source: str, which: int, complete: bool, window_start: int,
+            size: Optional[int], notes: Tuple[str, ...], binary: bool) -> LogExcerpt:
+    if not startups:
+        if binary:
+            raise LogReadError("binary", "{}: this is not a text log (it contains NUL bytes)".format(source))
+        raise LogReadError("no_startup", "{}: no SGLang startup lines found (looked for 'Load weight', "
+                           "'KV Cache is allocated', 'max_total_num_tokens=')".format(source))
+    n = len(startups)
+    if which > 0 and which > n:
+        raise LogReadError("usage", "{}: --startup {} does not exist; the file holds {} startup(s)".format(
+            source, which, n))
+    if which < 0 and -which > n:
+        raise LogReadError("usage", "{}: --startup {} does not exist; {} startup(s) found{}".format(
+            source, which, n, "" if complete else " in the part read"))
+    pos = which - 1 if which > 0 else n + which
+    return LogExcerpt(
+        source=source,
+        startup=startups[pos],
+        index=pos + 1 if complete else None,
+        index_from_end=pos - n,
+        count=n if complete else None,
+        seen=n,
+        window_start=window_start,
+        size_bytes=size,
+        notes=notes if complete else notes + (
+            "only the last {:.1f} MiB were read: {} startup(s) there; earlier ones were not counted".format(
+                ((size or 0) - window_start) / (1 << 20), n),),
+    )
+
+
+__all__ = ["LogExcerpt", "LogReadError", "read_log", "KEYWORDS", "io"]

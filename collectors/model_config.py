@@ -1,0 +1,46 @@
+"""Read a model's ``config.json`` (a file, a model directory, or a Hugging Face cache entry).
+
+Only reading lives here; what the architecture means for KV bytes is ``agent/kv_geometry.py``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Dict, Optional
+
+
+class ModelConfigError(Exception):
+    """The config cannot be found or parsed; the message is one actionable sentence."""
+
+
+def find_config(path: str) -> Optional[str]:
+    """``path`` itself, ``path/config.json``, or the newest ``snapshots/*/config.json``
+    of a Hugging Face cache entry (``models--org--name``)."""
+    if os.path.isfile(path):
+        return path
+    direct = os.path.join(path, "config.json")
+    if os.path.isfile(direct):
+        return direct
+    snaps = glob.glob(os.path.join(path, "snapshots", "*", "config.json"))
+    if snaps:
+        return max(snaps, key=os.path.getmtime)
+    return None
+
+
+def load_model_config(path: str) -> Dict[str, Any]:
+    found = find_config(path)
+    if found is None:
+        raise ModelConfigError("{}: no config.json there (pass the file, the model directory, "
+                               "or its Hugging Face cache folder)".format(path))
+    try:
+        with open(found, "r", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError("{}: cannot read: {}".format(found, exc))
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError("{}: not valid JSON (line {}, column {})".format(found, exc.lineno, exc.colno))
+    if not isinstance(data, dict):
+        raise ModelConfigError("{}: expected a JSON object".format(found))
+    return data

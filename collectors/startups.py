@@ -1,0 +1,113 @@
+"""Split a stream of SGLang log events into startups (one per server launch).
+
+A log file often holds several launches (restarts with new flags, crash loops). A new startup
+begins at:
+
+* a ``server_args=`` line (printed once per launch by the main process, all versions), or
+* a rank's ``Init … begin`` / ``Load weight begin`` line that cannot belong to the current
+  launch: the rank's group already printed the scheduler summary or a startup failure, the
+  rank already loaded a target and a draft, its previous load never ended, or the launch's
+  server_args say there is no speculative draft to load.
+
+The second ``Load weight begin`` of a rank is its draft runner (speculative decoding): SGLang
+prints no "draft" marker on those lines (research §1.2), so order within the rank decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set, Tuple
+
+from collectors.sglang_log import LogEvent
+
+_BEGIN_KINDS = ("dist_init_begin", "load_begin")
+
+
+@dataclass(frozen=True)
+class Startup:
+    """The events of one launch, in file order."""
+
+    events: Tuple[LogEvent, ...]
+    closed: bool  # a scheduler summary or a startup failure was seen
+
+    @property
+    def first_line(self) -> Optional[int]:
+        return self.events[0].line if self.events else None
+
+    @property
+    def first_offset(self) -> int:
+        return self.events[0].offset if self.events else 0
+
+
+def _group(rank: Optional[str]) -> str:
+    """The DP replica a rank belongs to ("DP1" of "DP1 TP3"), "" without a DP tag."""
+    if rank:
+        head = rank.split(" ", 1)[0]
+        if head.startswith("DP"):
+            return head
+    return ""
+
+
+class StartupSegmenter:
+    """Feed events in file order; ``startups`` holds the launches seen so far."""
+
+    def __init__(self) -> None:
+        self.startups: List[List[LogEvent]] = []
+        self._closed: List[bool] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._loads: Dict[Optional[str], int] = {}
+        self._open_load: Set[Optional[str]] = set()
+        self._closed_groups: Set[str] = set()
+        self._failed = False
+        self._speculative: Optional[bool] = None  # from server_args; None = unknown
+
+    @property
+    def current_closed(self) -> bool:
+        return bool(self._closed) and self._closed[-1]
+
+    def feed(self, ev: LogEvent) -> None:
+        if not self.startups or self._is_boundary(ev):
+            self.startups.append([])
+            self._closed.append(False)
+            self._reset()
+        self.startups[-1].append(ev)
+        self._update(ev)
+
+    def _is_boundary(self, ev: LogEvent) -> bool:
+        current = self.startups[-1]
+        if ev.kind == "server_args":
+            return bool(current)
+        if ev.kind not in _BEGIN_KINDS or ev.rank is None:
+            return False
+        rank = ev.rank
+        if self._failed or _group(rank) in self._closed_groups:
+            return True
+        if ev.kind == "load_begin":
+            loads = self._loads.get(rank, 0)
+            if rank in self._open_load or loads >= 2:
+                return True
+            if loads == 1 and self._speculative is False:
+                return True
+        return False
+
+    def _update(self, ev: LogEvent) -> None:
+        kind = ev.kind
+        if kind == "server_args":
+            algo = ev.data["args"].get("speculative_algorithm")
+            self._speculative = algo not in (None, "None", "", "NONE")
+        elif kind == "load_begin":
+            self._loads[ev.rank] = self._loads.get(ev.rank, 0) + 1
+            self._open_load.add(ev.rank)
+        elif kind == "load_end":
+            self._open_load.discard(ev.rank)
+        elif kind == "summary":
+            self._closed_groups.add(_group(ev.rank))
+            self._closed[-1] = True
+        elif kind == "failure" and not self._closed[-1]:
+            self._failed = True
+            self._closed[-1] = True
+
+    def result(self) -> List[Startup]:
+        return [Startup(tuple(evs), closed) for evs, closed in zip(self.startups, self._closed)]

@@ -1,0 +1,137 @@
+"""The JSON report, schema ``kvforensics.report/1`` (documented in README, pinned by tests).
+
+Sizes are integer bytes; unknown values are null, never 0. Secrets that SGLang prints in
+server_args (API keys, tokens) are replaced by ``"<redacted>"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, Iterable, List, Optional
+
+from agent.analysis import Analysis
+from agent.ledger import RankLedger, RunnerLedger
+
+SCHEMA = "kvforensics.report/1"
+RUNNER_KEYS = ("dist_init_bytes", "pre_load_avail_bytes", "weights_bytes", "post_load_avail_bytes",
+               "kv_tokens", "kv_bytes", "bytes_per_token", "pool_end_avail_bytes", "graph_bytes",
+               "graph_end_avail_bytes")
+EXTRA_RUNNER_KEYS = ("mamba_bytes", "workspace_bytes", "model_type")
+_SECRET = re.compile(r"(api_key|token|secret|password|credential)", re.I)
+_NOT_SECRET = {"max_total_tokens", "max_prefill_tokens", "speculative_num_draft_tokens",
+               "skip_tokenizer_init", "tokenizer_path", "tokenizer_mode", "tokenizer_worker_num",
+               "max_new_tokens", "chunked_prefill_tokens", "num_reserved_decode_tokens"}
+
+
+def redact(args: Dict[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in args.items():
+        if value not in (None, "", False) and _SECRET.search(key) and key not in _NOT_SECRET \
+                and not isinstance(value, (int, float)):
+            out[key] = "<redacted>"
+        else:
+            out[key] = _jsonable(value)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    return repr(value)
+
+
+def runner_dict(r: RunnerLedger, reserve: Optional[int] = None, with_reserve: bool = True) -> Dict[str, Any]:
+    d: Dict[str, Any] = {k: getattr(r, k) for k in RUNNER_KEYS}
+    if with_reserve:
+        d["reserve_bytes"] = reserve
+    for k in EXTRA_RUNNER_KEYS:
+        d[k] = getattr(r, k)
+    d["sources"] = dict(r.sources)
+    return d
+
+
+def rank_dict(r: RankLedger) -> Dict[str, Any]:
+    d: Dict[str, Any] = {"rank": r.rank}
+    d.update(runner_dict(r.target, r.reserve_bytes))
+    d["req_to_token_bytes"] = r.req_to_token_bytes
+    d["final_avail_bytes"] = r.final_avail_bytes
+    d["unexplained_bytes"] = r.unexplained_bytes
+    d["sources"] = {**d["sources"], **r.sources}
+    d["draft"] = runner_dict(r.draft, None) if r.draft is not None else None
+    return d
+
+
+def target_dict(a: Analysis) -> Dict[str, Any]:
+    b = a.budget
+    failure = a.failed
+    return {
+        "target": a.target,
+        "status": a.status,
+        "problems": [{"code": p.code, "message": p.message} for p in a.problems],
+        "engine": {
+            "name": "sglang",
+            "version_hint": a.era.hint,
+            "version_clues": list(a.era.clues),
+            "server_args": redact(a.server_args),
+        },
+        "startup": {
+            "index": a.startup_index,
+            "count": a.startup_count,
+            "first_line": a.startup_first_line,
+            "max_total_num_tokens": a.summary.max_total_num_tokens,
+            "max_running_requests": a.summary.max_running_requests,
+            "context_len": a.summary.context_len,
+            "startup_avail_bytes": a.summary.startup_avail_bytes,
+            "failure": None if failure is None else {
+                "cause": failure.data["cause"], "message": failure.text,
+                "line": failure.line, "offset": failure.offset},
+            "budget": {
+                "mem_fraction_static": b.mfs,
+                "mem_fraction_static_source": b.mfs_source or None,
+                "pre_load_avail_min_bytes": b.pre_min_bytes,
+                "post_load_avail_min_bytes": b.post_min_bytes,
+                "reserve_bytes": b.reserve_bytes,
+                "rest_bytes": b.rest_bytes,
+                "bytes_per_token": b.cell_bytes,
+                "bytes_per_token_source": b.cell_source or None,
+                "predicted_tokens": b.predicted_tokens,
+                "predicted_tokens_low": b.predicted_low,
+                "predicted_tokens_high": b.predicted_high,
+                "logged_tokens": b.logged_tokens,
+                "verdict": b.verdict,
+                "explanation": b.explanation,
+                "steps": list(b.steps),
+                "draft_in_budget": b.draft_in_budget,
+            },
+            "ranks": [rank_dict(r) for r in a.ranks],
+        },
+        "findings": [
+            {"code": f.code, "severity": f.severity, "title": f.title, "detail": f.detail,
+             "bytes": f.bytes, "evidence": list(f.evidence)} for f in a.findings
+        ],
+        "recommendations": [
+            {"flag": r.flag, "value": r.value, "gain_bytes": r.gain_bytes, "gain_tokens": r.gain_tokens,
+             "gain_requests": dict(r.gain_requests), "basis": r.basis, "rationale": r.rationale}
+            for r in a.recommendations
+        ],
+    }
+
+
+def error_target(target: str, status: str, code: str, message: str) -> Dict[str, Any]:
+    """A target that produced no analysis (unreadable input, unreachable host)."""
+    return {"target": target, "status": status, "problems": [{"code": code, "message": message}],
+            "engine": None, "startup": None, "findings": [], "recommendations": []}
+
+
+def document(targets: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
+    return {"schema": SCHEMA, "targets": list(targets)}
+
+
+def render(analyses: List[Analysis], errors: Iterable[Dict[str, Any]] = ()) -> str:
+    doc = document([target_dict(a) for a in analyses] + list(errors))
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

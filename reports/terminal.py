@@ -1,0 +1,244 @@
+"""The terminal report (rich): header, per-rank ledger, a bar per GPU, findings, recommendations.
+
+GiB appear only here, labelled; the records underneath are bytes. Ranks whose ledgers are
+identical are shown as one column ("TP0–TP7").
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from agent.analysis import Analysis
+from agent.ledger import RankLedger, RunnerLedger
+from agent.rules import reserve_breakdown
+
+GIB = 1 << 30
+SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "yellow", "info": "cyan"}
+
+# (label, getter, source key, colour for the bar or None)
+Row = Tuple[str, Callable[[RankLedger], Optional[int]], str, Optional[str]]
+
+
+def _t(attr: str) -> Callable[[RankLedger], Optional[int]]:
+    return lambda r: getattr(r.target, attr)
+
+
+def _d(attr: str) -> Callable[[RankLedger], Optional[int]]:
+    return lambda r: getattr(r.draft, attr) if r.draft is not None else None
+
+
+LEDGER_ROWS: Sequence[Row] = (
+    ("distributed init (before load)", _t("dist_init_bytes"), "dist_init_bytes", None),
+    ("free before weights load", _t("pre_load_avail_bytes"), "pre_load_avail_bytes", None),
+    ("weights", _t("weights_bytes"), "weights_bytes", "blue"),
+    ("KV pool", _t("kv_bytes"), "kv_bytes", "green"),
+    ("Mamba state", _t("mamba_bytes"), "mamba_bytes", "green4"),
+    ("req_to_token table (computed)", lambda r: r.req_to_token_bytes, "req_to_token_bytes", "grey50"),
+    ("attention workspaces", _t("workspace_bytes"), "workspace_bytes", "grey62"),
+    ("CUDA graphs", _t("graph_bytes"), "graph_bytes", "magenta"),
+    ("draft weights", _d("weights_bytes"), "draft.weights_bytes", "dark_orange"),
+    ("draft KV pool", _d("kv_bytes"), "draft.kv_bytes", "orange3"),
+    ("draft CUDA graphs", _d("graph_bytes"), "draft.graph_bytes", "orange1"),
+    ("unexplained", lambda r: r.unexplained_bytes, "unexplained_bytes", "red"),
+    ("free after startup", lambda r: r.final_avail_bytes, "final_avail_bytes", "white"),
+)
+
+
+def _gib(n: Optional[int]) -> str:
+    return "—" if n is None else "{:.2f}".format(n / GIB)
+
+
+def _key(r: RankLedger) -> Tuple:
+    def runner(x: Optional[RunnerLedger]) -> Tuple:
+        if x is None:
+            return ()
+        return tuple(getattr(x, k) for k in x.__dataclass_fields__ if k != "sources")
+    return (runner(r.target), runner(r.draft), r.reserve_bytes, r.req_to_token_bytes,
+            r.final_avail_bytes, r.unexplained_bytes)
+
+
+def collapse(ranks: Sequence[RankLedger]) -> List[Tuple[str, RankLedger]]:
+    """Group ranks with identical ledgers: [("TP0–TP7", ledger), ...]."""
+    groups: Dict[Tuple, List[RankLedger]] = {}
+    for r in ranks:
+        groups.setdefault(_key(r), []).append(r)
+    out = []
+    for members in groups.values():
+        names = [m.rank or "(untagged)" for m in members]
+        label = names[0] if len(names) == 1 else "{}–{}".format(names[0], names[-1]) \
+            if _contiguous(names) else ",".join(names)
+        out.append((label, members[0]))
+    return out
+
+
+def _contiguous(names: List[str]) -> bool:
+    try:
+        nums = [int(n.rsplit("TP", 1)[1]) for n in names]
+        prefixes = {n.rsplit("TP", 1)[0] for n in names}
+    except (IndexError, ValueError):
+        return False
+    return len(prefixes) == 1 and nums == list(range(nums[0], nums[0] + len(nums)))
+
+
+def _source(r: RankLedger, key: str) -> str:
+    if key.startswith("draft."):
+        return r.draft.sources.get(key[6:], "") if r.draft else ""
+    return r.sources.get(key) or r.target.sources.get(key, "")
+
+
+def bar(r: RankLedger, width: int = 60) -> List[Tuple[str, int, str]]:
+    """Segments (label, cells, colour) across the memory that was free before loading."""
+    total = (r.target.pre_load_avail_bytes or 0)
+    if total <= 0:
+        return []
+    segments = []
+    for label, get, _, colour in LEDGER_ROWS:
+        value = get(r)
+        if colour is None or not value or value <= 0:
+            continue
+        segments.append((label, value, colour))
+    out, used = [], 0
+    for label, value, colour in segments:
+        cells = int(round(value / total * width))
+        cells = min(cells, width - used)
+        if cells > 0:
+            out.append((label, cells, colour))
+            used += cells
+    return out
+
+
+def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -> str:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                      color_system="truecolor" if color else None, highlight=False, emoji=False)
+    for i, a in enumerate(analyses):
+        if i:
+            console.rule()
+        _render_one(console, a)
+    return buf.getvalue()
+
+
+def _render_one(console: "object", a: Analysis) -> None:
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    c = console
+    args = a.server_args
+    head = Text()
+    head.append("kvforensics ", style="bold")
+    head.append(a.target, style="bold cyan")
+    head.append("  SGLang {} (from line formats)".format(a.era.hint))
+    c.print(head)  # type: ignore[attr-defined]
+    facts = []
+    if args.get("model_path"):
+        facts.append("model {}".format(args["model_path"]))
+    tp = args.get("tp_size")
+    facts.append("{} rank(s){}".format(len(a.ranks), ", TP{}".format(tp) if tp else ""))
+    if a.budget.mfs is not None:
+        facts.append("mem_fraction_static {:g}{}".format(
+            a.budget.mfs, "" if a.server_args_source else " (back-solved)"))
+    if args.get("speculative_algorithm"):
+        facts.append("speculative {}".format(args["speculative_algorithm"]))
+    idx = "startup {} of {}".format(a.startup_index, a.startup_count) if a.startup_count \
+        else "last startup (earlier ones not counted)"
+    facts.append("{} (line {})".format(idx, a.startup_first_line) if a.startup_first_line else idx)
+    c.print(Padding(Text(" · ".join(facts)), (0, 0, 0, 2), expand=False))  # type: ignore[attr-defined]
+    s = a.summary
+    if s.max_total_num_tokens is not None:
+        c.print("  KV tokens {:,} · max_running_requests {:,} · context_len {:,} · free after startup {} GiB ({})".format(  # type: ignore[attr-defined]
+            s.max_total_num_tokens, s.max_running_requests or 0, s.context_len or 0,
+            _gib(s.startup_avail_bytes), s.source))
+    for p in a.problems:
+        c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
+
+    groups = collapse(a.ranks)
+    if groups:
+        table = Table(title="Memory ledger per rank (GiB; 1 GiB = 2^30 B; SGLang's \"GB\" is GiB)",
+                      title_justify="left", show_edge=False, pad_edge=False)
+        table.add_column("item")
+        for label, _ in groups:
+            table.add_column(label, justify="right")
+        table.add_column("source ({})".format(groups[0][0]), overflow="fold", max_width=52, style="dim")
+        for label, get, key, _ in LEDGER_ROWS:
+            values = [get(r) for _, r in groups]
+            if all(v is None for v in values):
+                continue
+            table.add_row(label, *[_gib(v) for v in values], _source(groups[0][1], key))
+        r0 = groups[0][1]
+        if r0.target.kv_tokens is not None:
+            table.add_row("KV tokens", *["{:,}".format(r.target.kv_tokens or 0) for _, r in groups],
+                          r0.target.sources.get("kv_tokens", ""))
+        if a.budget.cell_bytes:
+            table.add_row("KV bytes per token", *["{:,}".format(a.budget.cell_bytes) for _ in groups],
+                          a.budget.cell_source)
+        if r0.reserve_bytes is not None:
+            table.add_row("reserve (1 − mfs) × pre-load free", *[_gib(r.reserve_bytes) for _, r in groups],
+                          "formula: " + a.budget.mfs_source)
+        c.print(table)  # type: ignore[attr-defined]
+        c.print(Text("Where each GPU's pre-load free memory went:", style="bold"))  # type: ignore[attr-defined]
+        for label, r in groups:
+            line = Text("  {:>9} ".format(label[:9]))
+            segs = bar(r)
+            for _, cells, colour in segs:
+                line.append("█" * cells, style=colour)
+            line.append("░" * (60 - sum(x[1] for x in segs)), style="dim")
+            line.append(" {} GiB".format(_gib(r.target.pre_load_avail_bytes)))
+            c.print(line)  # type: ignore[attr-defined]
+        legend = Text("  ")
+        for label, _, _, colour in LEDGER_ROWS:
+            if colour and any(name == label for name, _, _ in bar(groups[0][1])):
+                legend.append("█ ", style=colour)
+                legend.append(label + "  ")
+        c.print(legend)  # type: ignore[attr-defined]
+
+    rows = reserve_breakdown(a)
+    if rows and a.budget.reserve_bytes:
+        table = Table(title="Where the {} GiB reserve went (rank with the least free memory)".format(
+            _gib(a.budget.reserve_bytes)), title_justify="left", show_edge=False, pad_edge=False)
+        table.add_column("GiB", justify="right")
+        table.add_column("item")
+        table.add_column("source", style="dim", overflow="fold")
+        for name, n, src in rows:
+            table.add_row(_gib(n), name, src)
+        c.print(table)  # type: ignore[attr-defined]
+
+    shown = [f for f in a.findings if f.code != "reserve_breakdown"]  # shown as the table above
+    if shown:
+        c.print(Text("Findings", style="bold underline"))  # type: ignore[attr-defined]
+        for f in shown:
+            t = Text()
+            t.append("{:<8}".format(f.severity.upper()), style=SEVERITY_STYLE[f.severity])
+            t.append(" {}: ".format(f.code), style="bold")
+            t.append(f.title)
+            c.print(t)  # type: ignore[attr-defined]
+            c.print(Padding(Text(f.detail), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
+            if f.evidence:
+                c.print(Padding(Text("evidence: " + "; ".join(f.evidence), style="dim"), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
+    if a.recommendations:
+        c.print(Text("Recommendations (per rank; requests = more concurrent requests at context_len "  # type: ignore[attr-defined]
+                     "{:,} / at {:,} tokens)".format(a.summary.context_len or 0, a.options.request_tokens),
+                     style="bold underline"))
+        for r in a.recommendations:
+            t = Text("→ ")
+            t.append("{} {}".format(r.flag, r.value), style="bold green")
+            gains = []
+            if r.gain_bytes is not None:
+                gains.append("{:+.2f} GiB".format(r.gain_bytes / GIB))
+            if r.gain_tokens is not None:
+                gains.append("{:+,} tokens".format(r.gain_tokens))
+            req = r.gain_requests
+            if req:
+                gains.append("{} / {} requests".format(_plus(req.get("at_context_len")),
+                                                       _plus(req.get("at_request_tokens"))))
+            t.append("   " + ", ".join(gains))
+            t.append("   [{}]".format(r.basis), style="dim")
+            c.print(t)  # type: ignore[attr-defined]
+            c.print(Padding(Text(r.rationale), (0, 0, 0, 2), expand=False))  # type: ignore[attr-defined]
+
+
+def _plus(n: Optional[int]) -> str:
+    return "—" if n is None else "{:+,}".format(n)
