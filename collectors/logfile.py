@@ -37,6 +37,7 @@ KEYWORDS = (
     b"OutOfMemoryError",
     b"graph failed",
     b"graph bs",
+    b"graph end",
     b"KV cache dtype",
     b"indow memory pool",
     b"Dynamically adjusted",

@@ -309,7 +309,7 @@ def parse_message(msg: str) -> Optional[Tuple[str, Dict[str, Any]]]:
     m = _KV_POOL.match(msg)
     if m:
         label = (m.group("label") or "").strip()
-        if label.endswith(":") or len(label) > 40:  # prose that merely mentions the KV cache
+        if ":" in label or len(label.split()) > 3:  # prose that merely mentions the KV cache
             return None
         k, v, kv = _gib(m.group("k")), _gib(m.group("v")), _gib(m.group("kv"))
         return "kv_pool", {
