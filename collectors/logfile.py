@@ -239,16 +239,38 @@ def _from_mapped(buf: "mmap.mmap", source: str, size: int, which: int, count_lin
             base_line = _count_newlines(buf, start)
         seg, window_notes = _scan_window(buf, start, size, anchor, base_line)
         startups = seg.result()
-        if start == 0 or len(startups) >= -which + 1:
+        first_whole = bool(startups) and _begins_cleanly(startups[0], start, back)
+        if start == 0 or len(startups) > -which or (first_whole and len(startups) == -which):
             break
         back *= 4
     if base_line is None:
         notes.append("line numbers unknown: the {:.1f} GiB before the startup were not counted "
                      "(evidence gives byte offsets; --exact-lines counts them)".format(start / (1 << 30)))
-    if start > 0:
-        # The first startup in the window may be cut by the window edge: never report it.
-        startups = startups[1:] if len(startups) > -which else startups
+    if start > 0 and not first_whole:
+        startups = startups[1:]  # the window edge may have cut it: never report a partial startup
     return _choose(startups, source, which, start == 0, start, size, tuple(notes + window_notes), binary)
+
+
+def _begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
+    """Whether the first startup in a window cannot have begun before the window.
+
+    True when it opens with ``server_args=`` (the first line of every launch), or when every
+    rank's first line is an ``Init … begin``/``Load weight begin`` and the startup begins in the
+    later half of the window (a cut through a startup's first lines would leave a rank whose
+    first line is something else).
+    """
+    if startup.events[0].kind == "server_args":
+        return True
+    if startup.first_offset - window_start < back // 2:
+        return False
+    seen = set()
+    for ev in startup.events:
+        if ev.rank is None or ev.rank in seen:
+            continue
+        seen.add(ev.rank)
+        if ev.kind not in ("dist_init_begin", "load_begin"):
+            return False
+    return bool(seen)
 
 
 def _choose(startups: List[Startup], source: str, which: int, complete: bool, window_start: int,

@@ -1,0 +1,5 @@
+"""``python -m agent`` runs the kvforensics CLI."""
+
+from agent.cli import entry
+
+entry()
