@@ -96,11 +96,14 @@ def detect(startup: Startup) -> Era:
             if d.get("label") or d.get("state") == "VA upper bound":
                 clue("0.5.18", None, "labelled / VA-upper-bound KV pool line")
         elif ev.kind in ("graph_begin", "graph_end"):
-            if "target" in d.get("phase", "") or "num_tokens_per_req" in t:
-                clue("0.5.18", None, "'Capture target … CUDA graph' / num_tokens_per_req")
+            phase = d.get("phase", "")
+            if "num_tokens_per_req" in t:
+                clue("0.5.18", None, "'num_tokens_per_req' in graph line")
             elif "num_tokens_per_bs" in t:
                 clue("0.5.14", "0.5.15", "'num_tokens_per_bs' in graph line")
-            elif "piecewise" in d.get("phase", ""):
+            if phase.startswith(("target", "draft decode")) or "prefill" in phase:
+                clue("0.5.14", None, "'Capture target|draft decode|prefill … CUDA graph'")
+            elif "piecewise" in phase:
                 clue("0.5.6", "0.5.13", "piecewise CUDA graph lines")
             if ev.kind == "graph_end" and "Time elapsed" in t and not d.get("draft"):
                 if d.get("used_bytes") is None:
