@@ -1,0 +1,105 @@
+"""The command line: exit codes, options, the JSON contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, SEED_CONFIG, SEED_LOG, run_cli, run_json
+
+TARGET_KEYS = {"target", "status", "problems", "engine", "startup", "findings", "recommendations"}
+ENGINE_KEYS = {"name", "version_hint", "version_clues", "server_args"}
+STARTUP_KEYS = {"index", "count", "first_line", "max_total_num_tokens", "max_running_requests", "context_len",
+                "startup_avail_bytes", "ranks", "failure", "budget"}
+RANK_KEYS = {"rank", "dist_init_bytes", "pre_load_avail_bytes", "weights_bytes", "post_load_avail_bytes",
+             "kv_tokens", "kv_bytes", "bytes_per_token", "pool_end_avail_bytes", "graph_bytes",
+             "graph_end_avail_bytes", "reserve_bytes", "draft"}
+FINDING_KEYS = {"code", "severity", "title", "detail", "bytes", "evidence"}
+REC_KEYS = {"flag", "value", "gain_bytes", "gain_tokens", "gain_requests", "basis", "rationale"}
+
+
+def test_json_contract(seed_json):
+    assert TARGET_KEYS == set(seed_json)
+    assert ENGINE_KEYS == set(seed_json["engine"])
+    assert STARTUP_KEYS == set(seed_json["startup"])
+    for rank in seed_json["startup"]["ranks"]:
+        assert RANK_KEYS <= set(rank)
+        assert RANK_KEYS - {"rank", "draft"} <= set(rank["draft"])
+        for key, value in rank.items():
+            if key.endswith("_bytes"):
+                assert value is None or isinstance(value, int), key
+    for f in seed_json["findings"]:
+        assert set(f) == FINDING_KEYS
+    for r in seed_json["recommendations"]:
+        assert set(r) == REC_KEYS and r["basis"] in ("measured", "estimated")
+
+
+def test_top_level_schema():
+    code, doc = run_json(["analyze", str(SEED_LOG)])
+    assert set(doc) == {"schema", "targets"} and doc["schema"] == "kvforensics.report/1"
+
+
+@pytest.mark.parametrize("fail_on,expected", [("info", 1), ("warning", 1), ("error", 0), ("critical", 0), ("never", 0)])
+def test_fail_on_sets_the_exit_code(fail_on, expected):
+    code, out, err = run_cli(["analyze", str(SEED_LOG), "--fail-on", fail_on, "--no-color"])
+    assert code == expected and out and not err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["analyze", str(SEED_LOG), "--fail-on", "sometimes"], "--fail-on must be one of"),
+    (["analyze", str(SEED_LOG), "--margin", "-1"], "--margin"),
+    (["analyze", str(SEED_LOG), "--request-tokens", "0"], "--request-tokens"),
+    (["analyze", str(SEED_LOG), "--startup", "0"], "--startup counts from 1"),
+    (["analyze", str(SEED_LOG), "--model-config", "/nonexistent"], "no config.json"),
+    (["analyze"], "Missing argument"),
+    (["analyze", str(SEED_LOG), "--bogus"], "No such option"),
+    (["nosuchcommand"], "No such command"),
+])
+def test_usage_errors_exit_2_with_one_line(argv, message):
+    code, out, err = run_cli(argv)
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+
+
+def test_bad_model_config_json(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    code, _, err = run_cli(["analyze", str(SEED_LOG), "--model-config", str(bad)])
+    assert code == 2 and "not valid JSON" in err
+
+
+def test_internal_errors_exit_4_without_traceback(monkeypatch):
+    import agent.analysis
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(agent.analysis, "analyze_startup", boom)
+    code, out, err = run_cli(["analyze", str(SEED_LOG)])
+    assert code == 4 and "internal error: RuntimeError: simulated bug" in err and "Traceback" not in err
+
+
+def test_help_lists_the_command_and_exit_is_0():
+    code, out, err = run_cli(["--help"])
+    assert code == 0 and "analyze" in out
+    code, out, err = run_cli(["analyze", "--help"])
+    assert code == 0 and "--request-tokens" in out and "--fail-on" in out
+
+
+def test_console_script_runs_as_a_process():
+    proc = subprocess.run([sys.executable, "-m", "agent", "analyze", str(SEED_LOG), "--json", "--model-config",
+                           str(SEED_CONFIG), "--fail-on", "never"], cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["targets"][0]["startup"]["budget"]["predicted_tokens"] == 159294
+
+
+def test_colour_only_when_asked():
+    code, out, _ = run_cli(["analyze", str(SEED_LOG), "--color"])
+    assert "\x1b[" in out
+    code, out, _ = run_cli(["analyze", str(SEED_LOG)])  # not a terminal
+    assert "\x1b[" not in out

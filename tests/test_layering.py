@@ -1,0 +1,52 @@
+"""Architecture rules: collectors are a stdlib-only, Python 3.8 probe; data flows one way."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+STDLIB = set(getattr(sys, "stdlib_module_names", ())) | {"__future__"}
+
+
+def _modules(package: str):
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0]
+
+
+@pytest.mark.parametrize("path", _modules("collectors"), ids=lambda p: p.name)
+def test_collectors_parse_as_python_3_8(path):
+    ast.parse(path.read_text(encoding="utf-8"), feature_version=(3, 8))
+
+
+@pytest.mark.skipif(not STDLIB, reason="sys.stdlib_module_names needs Python 3.10+")
+@pytest.mark.parametrize("path", _modules("collectors"), ids=lambda p: p.name)
+def test_collectors_import_only_the_standard_library(path):
+    for name in _imports(path):
+        assert name in STDLIB or name == "collectors", "{} imports {}".format(path.name, name)
+
+
+@pytest.mark.parametrize("path", _modules("reports"), ids=lambda p: p.name)
+def test_reports_do_not_collect(path):
+    for name in _imports(path):
+        assert name != "collectors" or path.name == "__init__.py", "{} reads collectors directly".format(path.name)
+
+
+@pytest.mark.parametrize("path", _modules("agent"), ids=lambda p: p.name)
+def test_agent_does_not_import_reports_except_the_cli(path):
+    if path.name == "cli.py":
+        return
+    assert "reports" not in set(_imports(path)), path.name
