@@ -63,8 +63,8 @@ def analyze(
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
 ) -> None:
     """Explain an SGLang server's GPU memory from its startup log, offline."""
-    from agent.records import Options, severity_rank
     from agent.analysis import analyze_startup
+    from agent.records import Options, severity_rank
     from collectors.logfile import LogReadError, read_log
     from collectors.model_config import ModelConfigError, load_model_config
     from reports import json_report
@@ -83,7 +83,7 @@ def analyze(
         if as_json:
             code = "log." + getattr(exc, "code", "model_config")
             sys.stdout.write(json_report.render([], [json_report.error_target(target, "error", code, message)]))
-        raise UsageProblem(message)
+        raise UsageProblem(message) from None
     opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens,
                    model_config=cfg, model_config_path=model_config)
     analysis = analyze_startup(excerpt.startup, target, opts, excerpt.index, excerpt.count, excerpt.notes)

@@ -38,9 +38,9 @@ def load_model_config(path: str) -> Dict[str, Any]:
         with open(found, "r", encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ModelConfigError("{}: cannot read: {}".format(found, exc))
+        raise ModelConfigError("{}: cannot read: {}".format(found, exc)) from None
     except json.JSONDecodeError as exc:
-        raise ModelConfigError("{}: not valid JSON (line {}, column {})".format(found, exc.lineno, exc.colno))
+        raise ModelConfigError("{}: not valid JSON (line {}, column {})".format(found, exc.lineno, exc.colno)) from None
     if not isinstance(data, dict):
         raise ModelConfigError("{}: expected a JSON object".format(found))
     return data

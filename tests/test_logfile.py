@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -122,7 +121,7 @@ def test_line_numbers_unknown_beyond_the_counting_limit(tmp_path, monkeypatch):
 
 def test_fragment_is_analysed_for_what_it_holds(tmp_path):
     lines = lb.startup(args=ARGS)
-    fragment = [l for l in lines if "KV Cache" in l or "Memory pool end" in l or "Capture" in l]
+    fragment = [x for x in lines if "KV Cache" in x or "Memory pool end" in x or "Capture" in x]
     log = tmp_path / "ticket.txt"
     lb.write(log, ["user: here is my log"], fragment)
     code, doc = run_json(["analyze", str(log), "--fail-on", "never"])

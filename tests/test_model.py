@@ -127,7 +127,7 @@ def test_speculative_headroom_before_0_5_7(tmp_path):
     lines = lb.startup(args=args, tokens=tokens, kv_gib=(tokens + 1) * cell / GIB, pre=78.5, weights=60.0, draft=True,
                        summary="max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
                                "max_running_requests={reqs}, context_len={ctx}", reqs=48)
-    lines = [l.replace("mem usage=1.10 GB. avail mem=8.10 GB.", "avail mem=8.10 GB. mem usage=1.10 GB.") for l in lines]
+    lines = [x.replace("mem usage=1.10 GB. avail mem=8.10 GB.", "avail mem=8.10 GB. mem usage=1.10 GB.") for x in lines]
     t = _analyze(tmp_path, lines)
     b = t["startup"]["budget"]
     assert t["engine"]["version_hint"] == "0.4.4–0.4.6"
