@@ -118,7 +118,8 @@ def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -
         if i:
             console.rule()
         _render_one(console, a)
-    return buf.getvalue()
+    # rich pads every line to the console width; trailing blanks only hurt copy-paste
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
 def _render_one(console: "object", a: Analysis) -> None:
