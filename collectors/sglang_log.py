@@ -43,6 +43,7 @@ class LogEvent:
     ts: Optional[str]
     data: Dict[str, Any] = field(default_factory=dict)
     text: str = ""  # the message, shortened, for evidence
+    raw: str = ""  # the physical line, so a startup can be saved and parsed again elsewhere
 
 
 # --- line prefixes -------------------------------------------------------------------------
@@ -367,7 +368,7 @@ def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[Lo
             continue
         kind, data = parsed
         text = msg if len(msg) <= 240 else msg[:237] + "..."
-        events.append(LogEvent(kind, line, offset, rank, ts, data, text))
+        events.append(LogEvent(kind, line, offset, rank, ts, data, text, raw))
     return events
 
 

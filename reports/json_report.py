@@ -7,32 +7,19 @@ server_args (API keys, tokens) are replaced by ``"<redacted>"``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Dict, Iterable, List, Optional
 
 from agent.analysis import Analysis
 from agent.ledger import RankLedger, RunnerLedger
+from collectors.redact import redact_mapping
 
 SCHEMA = "kvforensics.report/1"
 RUNNER_KEYS = ("dist_init_bytes", "pre_load_avail_bytes", "weights_bytes", "post_load_avail_bytes",
                "kv_tokens", "kv_bytes", "bytes_per_token", "pool_end_avail_bytes", "graph_bytes",
                "graph_end_avail_bytes")
 EXTRA_RUNNER_KEYS = ("mamba_bytes", "workspace_bytes", "model_type")
-_SECRET = re.compile(r"(api_key|token|secret|password|credential)", re.I)
-_NOT_SECRET = {"max_total_tokens", "max_prefill_tokens", "speculative_num_draft_tokens",
-               "skip_tokenizer_init", "tokenizer_path", "tokenizer_mode", "tokenizer_worker_num",
-               "max_new_tokens", "chunked_prefill_tokens", "num_reserved_decode_tokens"}
-
-
 def redact(args: Dict[str, Any]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for key, value in args.items():
-        if value not in (None, "", False) and _SECRET.search(key) and key not in _NOT_SECRET \
-                and not isinstance(value, (int, float)):
-            out[key] = "<redacted>"
-        else:
-            out[key] = _jsonable(value)
-    return out
+    return {str(k): _jsonable(v) for k, v in redact_mapping(args).items()}
 
 
 def _jsonable(value: Any) -> Any:
