@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean fake-nvml gpu-check
 
 $(STAMP): pyproject.toml
 	@echo ">> creating $(VENV) and installing kvforensics (editable) with test tools"
@@ -20,9 +20,22 @@ demo: $(STAMP)
 	@$(BIN)/kvforensics analyze examples/kimi-k2.5-tp8-eagle3.log --model-config examples/kimi-k2.5-config.json; \
 	  rc=$$?; if [ $$rc -eq 1 ]; then echo ">> exit code 1: findings at or above --fail-on warning (expected here)"; exit 0; fi; exit $$rc
 
-test: $(STAMP)
+test: $(STAMP) fake-nvml
 	@echo ">> running tests"
 	$(BIN)/python -m pytest
+
+# The driver-level fake of libnvidia-ml.so.1 the tests load through the real nvidia-ml-py.
+FAKE_NVML := tests/fake_nvml/build/libnvidia-ml.so.1
+fake-nvml: $(FAKE_NVML)
+$(FAKE_NVML): tests/fake_nvml/fake_nvml.c
+	@echo ">> building the fake NVML driver library"
+	@mkdir -p $(dir $@)
+	$${CC:-cc} -O2 -Wall -shared -fPIC -o $@ $<
+
+# Only on a machine with an NVIDIA GPU: NVML collector vs nvidia-smi vs torch, with a known allocation.
+gpu-check: $(STAMP)
+	@echo ">> comparing the NVML collector with nvidia-smi and torch.cuda.mem_get_info"
+	$(BIN)/python bench/gpu_check.py
 
 lint: $(STAMP)
 	@echo ">> ruff"

@@ -98,14 +98,18 @@ def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
 
 
 def analyze_startup(startup: Startup, target: str, opts: Options, index: Optional[int] = None,
-                    count: Optional[int] = None, reader_notes: Tuple[str, ...] = ()) -> Analysis:
+                    count: Optional[int] = None, reader_notes: Tuple[str, ...] = (),
+                    fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
+    """``fallback_args``: flags from the live command line, used where the log has no server_args."""
     from agent import recommend, rules
 
     problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
     attributed = attribute(startup)
     era = era_mod.detect(startup)
     args_ev = attributed.server_args
-    args: Dict[str, Any] = dict(args_ev.data["args"]) if args_ev else {}
+    args: Dict[str, Any] = dict(fallback_args or {})
+    if args_ev:
+        args.update(args_ev.data["args"])
     summary = _summary(attributed)
     page = args.get("page_size") if isinstance(args.get("page_size"), int) and args["page_size"] > 0 else 1
 

@@ -98,6 +98,77 @@ def analyze(
         raise typer.Exit(exitcodes.EXIT_FINDINGS)
 
 
+@app.command()
+def inspect(
+    targets: Optional[List[str]] = typer.Argument(None, help="Hosts to inspect; none or 'local' = this machine.", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report (schema kvforensics.report/1)."),
+    fail_on: str = typer.Option("warning", "--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never."),
+    margin: float = typer.Option(2.0, "--margin", help="GiB to keep free for runtime activations when sizing recommendations."),
+    request_tokens: int = typer.Option(8192, "--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates."),
+    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path."),
+    log: Optional[str] = typer.Option(None, "--log", help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found from the process)."),
+    startup: int = typer.Option(-1, "--startup", help="Which startup in the log: 1 = first, -1 = last."),
+    model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json or model directory (default: from --model-path)."),
+    save: Optional[str] = typer.Option(None, "--save", help="Also write everything collected to this JSON evidence bundle."),
+    from_file: Optional[str] = typer.Option(None, "--from", help="Analyse an evidence bundle written by --save instead of this machine."),
+    http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics."),
+    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
+) -> None:
+    """Inspect a node live: NVML, host RAM, engine processes and their logs, reconciled."""
+    from agent import bundles
+    from agent.reconcile import inspect_snapshot
+    from agent.records import Options, severity_rank
+    from collectors.engine_logs import LogSpecError, parse_spec
+    from reports import json_report
+
+    level = _fail_level(fail_on)
+    if margin < 0 or margin != margin:
+        raise UsageProblem("--margin must be a number of GiB >= 0")
+    if request_tokens <= 0:
+        raise UsageProblem("--request-tokens must be a positive number of tokens")
+    remote = [t for t in (targets or []) if t not in ("local", "localhost")]
+    if remote:
+        raise UsageProblem("remote targets ({}) are not supported yet: run kvforensics inspect on the node, or "
+                           "inspect --from a bundle saved there with --save".format(", ".join(remote)))
+    if startup == 0:
+        raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
+    if log is not None:
+        try:
+            parse_spec(log)
+        except LogSpecError as exc:
+            raise UsageProblem(str(exc)) from None
+    if from_file is not None:
+        try:
+            snap = bundles.load(from_file)
+        except bundles.BundleError as exc:
+            raise UsageProblem(str(exc)) from None
+        target = "bundle:{}".format(from_file)
+    else:
+        from collectors import snapshot
+
+        snap = snapshot.collect(nvml_lib=nvml_lib, log=log, startup=startup, model_config_path=model_config, http=http)
+        target = "local:{}".format(snap.get("hostname"))
+    if save is not None:
+        try:
+            bundles.save(snap, save)
+        except OSError as exc:
+            raise UsageProblem("--save {}: {}".format(save, exc)) from None
+    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
+    insp = inspect_snapshot(snap, target, opts)
+    if as_json:
+        sys.stdout.write(json_report.render_inspections([insp]))
+    else:
+        from reports import terminal
+
+        width = max(80, shutil.get_terminal_size((120, 24)).columns)
+        sys.stdout.write(terminal.render_inspections([insp], color=_use_color(color), width=width))
+    if insp.collected_nothing:
+        sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(target))
+        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
+    if level is not None and any(severity_rank(f.severity) >= level for f in insp.findings):
+        raise typer.Exit(exitcodes.EXIT_FINDINGS)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point: run the app, map every outcome to a documented exit code."""
     args = sys.argv[1:] if argv is None else argv

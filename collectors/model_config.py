@@ -11,6 +11,9 @@ import os
 from typing import Any, Dict, Optional
 
 
+NAME = "model_config"
+
+
 class ModelConfigError(Exception):
     """The config cannot be found or parsed; the message is one actionable sentence."""
 
@@ -26,6 +29,26 @@ def find_config(path: str) -> Optional[str]:
     snaps = glob.glob(os.path.join(path, "snapshots", "*", "config.json"))
     if snaps:
         return max(snaps, key=os.path.getmtime)
+    return None
+
+
+def locate(model_path: str, env: Optional[Dict[str, str]] = None, home: Optional[str] = None) -> Optional[str]:
+    """config.json for a --model-path: a directory, or a hub id ("org/name") in a HF cache."""
+    found = find_config(model_path)
+    if found:
+        return found
+    if model_path.count("/") != 1 or model_path.startswith(("/", ".")):
+        return None
+    env = env or {}
+    folder = "models--" + model_path.replace("/", "--")
+    caches = [env.get("HF_HUB_CACHE"), os.path.join(env["HF_HOME"], "hub") if env.get("HF_HOME") else None,
+              os.path.join(home, ".cache", "huggingface", "hub") if home else None,
+              os.path.expanduser("~/.cache/huggingface/hub")]
+    for cache in caches:
+        if cache:
+            found = find_config(os.path.join(cache, folder))
+            if found:
+                return found
     return None
 
 

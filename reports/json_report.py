@@ -10,6 +10,7 @@ import json
 from typing import Any, Dict, Iterable, List, Optional
 
 from agent.analysis import Analysis
+from agent.reconcile import GpuLedger, Inspection
 from agent.ledger import RankLedger, RunnerLedger
 from collectors.redact import redact_mapping
 
@@ -107,6 +108,48 @@ def target_dict(a: Analysis) -> Dict[str, Any]:
             for r in a.recommendations
         ],
     }
+
+
+def inspection_dict(insp: Inspection) -> Dict[str, Any]:
+    """An inspect target: the analyze keys (from the engine's log, when read) plus live GPUs."""
+    if insp.analysis is not None:
+        d = target_dict(insp.analysis)
+    else:
+        engines = (insp.snapshot.get("engines") or {}).get("engines") or []
+        d = {"engine": {"name": "sglang", "version_hint": None, "version_clues": [],
+                        "server_args": redact(engines[0].get("server_args", {}))} if engines else None,
+             "startup": None}
+    d["target"] = insp.target
+    d["status"] = insp.status
+    d["problems"] = [{"code": p.code, "message": p.message} for p in insp.problems] + (
+        [p for p in d.get("problems", []) if p["code"].startswith("log.")] if insp.analysis else [])
+    d["host"] = insp.snapshot.get("hostname")
+    d["gpus"] = [gpu_dict(g) for g in insp.gpus]
+    hm = insp.host_memory
+    d["host_memory"] = {k: hm.get(k) for k in ("total_bytes", "available_bytes", "swap_total_bytes",
+                                               "swap_free_bytes", "cgroup_limit_bytes")}
+    d["findings"] = [{"code": f.code, "severity": f.severity, "title": f.title, "detail": f.detail,
+                      "bytes": f.bytes, "evidence": list(f.evidence)} for f in insp.findings]
+    d["recommendations"] = [{"flag": r.flag, "value": r.value, "gain_bytes": r.gain_bytes, "gain_tokens": r.gain_tokens,
+                             "gain_requests": dict(r.gain_requests), "basis": r.basis, "rationale": r.rationale}
+                            for r in insp.recommendations]
+    order = ["target", "status", "host", "problems", "engine", "startup", "gpus", "host_memory", "findings",
+             "recommendations"]
+    return {k: d.get(k) for k in order}
+
+
+def gpu_dict(g: GpuLedger) -> Dict[str, Any]:
+    return {"index": g.index, "uuid": g.uuid, "name": g.name, "status": g.status, "rank": g.rank,
+            "total_bytes": g.total_bytes, "reserved_bytes": g.reserved_bytes, "used_bytes": g.used_bytes,
+            "free_bytes": g.free_bytes,
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": p.name, "rank": p.rank, "owner": p.owner,
+                           "user": p.user, "container": p.container} for p in g.processes],
+            "ledger": [{"item": name, "bytes": b, "source": src} for name, b, src in g.items],
+            "problems": list(g.problems)}
+
+
+def render_inspections(inspections: List[Inspection]) -> str:
+    return json.dumps(document([inspection_dict(i) for i in inspections]), indent=2, ensure_ascii=False) + "\n"
 
 
 def error_target(target: str, status: str, code: str, message: str) -> Dict[str, Any]:

@@ -11,6 +11,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.analysis import Analysis
 from agent.ledger import RankLedger, RunnerLedger
+from agent.reconcile import GpuLedger, Inspection
+from agent.records import Finding, Recommendation
 from agent.rules import reserve_breakdown
 
 GIB = 1 << 30
@@ -122,7 +124,8 @@ def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-def _render_one(console: "object", a: Analysis) -> None:
+def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
+    """The log analysis; with ``live`` the findings and recommendations come from the caller."""
     from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
@@ -207,39 +210,159 @@ def _render_one(console: "object", a: Analysis) -> None:
             table.add_row(_gib(n), name, src)
         c.print(table)  # type: ignore[attr-defined]
 
-    shown = [f for f in a.findings if f.code != "reserve_breakdown"]  # shown as the table above
-    if shown:
-        c.print(Text("Findings", style="bold underline"))  # type: ignore[attr-defined]
-        for f in shown:
-            t = Text()
-            t.append("{:<8}".format(f.severity.upper()), style=SEVERITY_STYLE[f.severity])
-            t.append(" {}: ".format(f.code), style="bold")
-            t.append(f.title)
-            c.print(t)  # type: ignore[attr-defined]
-            c.print(Padding(Text(f.detail), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
-            if f.evidence:
-                c.print(Padding(Text("evidence: " + "; ".join(f.evidence), style="dim"), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
-    if a.recommendations:
-        c.print(Text("Recommendations (per rank; requests = more concurrent requests at context_len "  # type: ignore[attr-defined]
-                     "{:,} / at {:,} tokens)".format(a.summary.context_len or 0, a.options.request_tokens),
-                     style="bold underline"))
-        for r in a.recommendations:
-            t = Text("→ ")
-            t.append("{} {}".format(r.flag, r.value), style="bold green")
-            gains = []
-            if r.gain_bytes is not None:
-                gains.append("{:+.2f} GiB".format(r.gain_bytes / GIB))
-            if r.gain_tokens is not None:
-                gains.append("{:+,} tokens".format(r.gain_tokens))
-            req = r.gain_requests
-            if req:
-                gains.append("{} / {} requests".format(_plus(req.get("at_context_len")),
-                                                       _plus(req.get("at_request_tokens"))))
-            t.append("   " + ", ".join(gains))
-            t.append("   [{}]".format(r.basis), style="dim")
-            c.print(t)  # type: ignore[attr-defined]
-            c.print(Padding(Text(r.rationale), (0, 0, 0, 2), expand=False))  # type: ignore[attr-defined]
+    if not live:
+        _findings(c, a.findings)
+        _recommendations(c, a.recommendations, a.summary.context_len, a.options.request_tokens)
+
+
+def _findings(c: "object", findings: Sequence["Finding"]) -> None:
+    from rich.padding import Padding
+    from rich.text import Text
+
+    shown = [f for f in findings if f.code != "reserve_breakdown"]  # shown as its own table
+    if not shown:
+        return
+    c.print(Text("Findings", style="bold underline"))  # type: ignore[attr-defined]
+    for f in shown:
+        t = Text()
+        t.append("{:<8}".format(f.severity.upper()), style=SEVERITY_STYLE[f.severity])
+        t.append(" {}: ".format(f.code), style="bold")
+        t.append(f.title)
+        c.print(t)  # type: ignore[attr-defined]
+        c.print(Padding(Text(f.detail), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
+        if f.evidence:
+            c.print(Padding(Text("evidence: " + "; ".join(f.evidence), style="dim"), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
+
+
+def _recommendations(c: "object", recs: Sequence["Recommendation"], context_len: Optional[int], request_tokens: int) -> None:
+    from rich.padding import Padding
+    from rich.text import Text
+
+    if not recs:
+        return
+    c.print(Text("Recommendations (per rank; requests = more concurrent requests at context_len "  # type: ignore[attr-defined]
+                 "{:,} / at {:,} tokens)".format(context_len or 0, request_tokens), style="bold underline"))
+    for r in recs:
+        t = Text("→ ")
+        t.append("{} {}".format(r.flag, r.value), style="bold green")
+        gains = []
+        if r.gain_bytes is not None:
+            gains.append("{:+.2f} GiB".format(r.gain_bytes / GIB))
+        if r.gain_tokens is not None:
+            gains.append("{:+,} tokens".format(r.gain_tokens))
+        req = r.gain_requests
+        if req:
+            gains.append("{} / {} requests".format(_plus(req.get("at_context_len")), _plus(req.get("at_request_tokens"))))
+        t.append("   " + ", ".join(gains))
+        t.append("   [{}]".format(r.basis), style="dim")
+        c.print(t)  # type: ignore[attr-defined]
+        c.print(Padding(Text(r.rationale), (0, 0, 0, 2), expand=False))  # type: ignore[attr-defined]
 
 
 def _plus(n: Optional[int]) -> str:
     return "—" if n is None else "{:+,}".format(n)
+
+
+# --- live inspection -----------------------------------------------------------------------
+
+GPU_COLOURS = {"weights": "blue", "KV pool": "green", "Mamba state": "green4", "CUDA graphs": "magenta",
+               "workspaces + req_to_token": "grey62", "draft model": "dark_orange", "engine, not in the log": "grey50",
+               "engine process": "grey50", "other processes": "red", "PIDs that no longer exist": "bright_red",
+               "no process (driver, other namespaces)": "yellow", "reserved by the driver": "grey37"}
+
+
+def gpu_bar(g: GpuLedger, width: int = 60) -> List[Tuple[str, int, str]]:
+    """Segments across the GPU's total memory, from NVML now; free is left blank."""
+    if not g.total_bytes:
+        return []
+    out, used = [], 0
+    for label, value, _ in g.items:
+        colour = GPU_COLOURS.get(label)
+        if colour is None or not value or value <= 0:
+            continue
+        cells = min(int(round(value / g.total_bytes * width)), width - used)
+        if cells > 0:
+            out.append((label, cells, colour))
+            used += cells
+    return out
+
+
+def render_inspections(inspections: Sequence[Inspection], color: bool = True, width: int = 110) -> str:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                      color_system="truecolor" if color else None, highlight=False, emoji=False)
+    for i, insp in enumerate(inspections):
+        if i:
+            console.rule()
+        _render_inspection(console, insp)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+def _render_inspection(c: "object", insp: Inspection) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    snap = insp.snapshot
+    nv = snap.get("nvml") or {}
+    head = Text()
+    head.append("kvforensics ", style="bold")
+    head.append(insp.target, style="bold cyan")
+    head.append("  ({}, taken {})".format(insp.status, _when(snap.get("taken_at_unix_s"))))
+    c.print(head)  # type: ignore[attr-defined]
+    facts = []
+    if nv.get("driver_version"):
+        facts.append("driver {}".format(nv["driver_version"]))
+    facts.append("{} GPU(s)".format(len(insp.gpus)))
+    hm = insp.host_memory
+    if hm.get("available_bytes") is not None:
+        facts.append("host RAM {} GiB available of {} GiB".format(_gib(hm["available_bytes"]), _gib(hm.get("total_bytes"))))
+    c.print("  " + " · ".join(facts))  # type: ignore[attr-defined]
+    for p in insp.problems:
+        c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
+    if insp.gpus:
+        table = Table(title="GPUs now (NVML; GiB)", title_justify="left", show_edge=False, pad_edge=False)
+        for col, just in (("GPU", "right"), ("name", "left"), ("rank", "left"), ("total", "right"), ("used", "right"),
+                          ("free", "right"), ("engine", "right"), ("other procs", "right"), ("reserved", "right")):
+            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        for g in insp.gpus:
+            engine = sum(p.used_bytes or 0 for p in g.processes if p.owner == "engine")
+            other = sum(p.used_bytes or 0 for p in g.processes if p.owner != "engine")
+            table.add_row(str(g.index), (g.name or "?") if g.status == "ok" else g.status.upper(), g.rank or "—",
+                          _gib(g.total_bytes), _gib(g.used_bytes), _gib(g.free_bytes),
+                          _gib(engine) if engine else "—", _gib(other) if other else "—", _gib(g.reserved_bytes))
+        c.print(table)  # type: ignore[attr-defined]
+        c.print(Text("Where each GPU's memory is now:", style="bold"))  # type: ignore[attr-defined]
+        labels = []
+        for g in insp.gpus:
+            line = Text("  GPU {:>2} ".format(g.index))
+            segs = gpu_bar(g)
+            for label, cells, colour in segs:
+                line.append("█" * cells, style=colour)
+                if label not in labels:
+                    labels.append(label)
+            line.append("░" * (60 - sum(x[1] for x in segs)), style="dim")
+            line.append(" {} GiB free".format(_gib(g.free_bytes)))
+            c.print(line)  # type: ignore[attr-defined]
+        legend = Text("  ")
+        for label in labels:
+            legend.append("█ ", style=GPU_COLOURS[label])
+            legend.append(label + "  ")
+        legend.append("░ free", style="dim")
+        c.print(legend)  # type: ignore[attr-defined]
+    if insp.analysis is not None:
+        c.print(Text("From the engine's startup log ({}):".format((snap.get("engine_log") or {}).get("source")),  # type: ignore[attr-defined]
+                     style="bold"))
+        _render_one(c, insp.analysis, live=True)
+    _findings(c, insp.findings)
+    a = insp.analysis
+    _recommendations(c, insp.recommendations, a.summary.context_len if a else None, insp.options.request_tokens)
+
+
+def _when(ts: Optional[float]) -> str:
+    import datetime
+
+    if not ts:
+        return "?"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,131 @@
+"""One snapshot of a node: every collector, timed and isolated, in one JSON-ready dict.
+
+This is what ``kvforensics inspect`` analyses, what ``--save`` writes as an evidence bundle,
+and (for remote hosts) what the probe prints. A collector that raises unexpectedly becomes a
+``failed`` section with an ``internal.exception`` problem: one bug never loses the others.
+Schema ``kvforensics.snapshot/1``; sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from collectors import engine_http, engine_logs, engines, host_memory, model_config, nvml, procfs
+from collectors.redact import redact_argv
+
+SCHEMA = "kvforensics.snapshot/1"
+
+
+def _run(name: str, fn: Callable[[], Dict[str, Any]], runs: List[Dict[str, Any]], strict: bool) -> Dict[str, Any]:
+    start = time.perf_counter()
+    try:
+        section = fn()
+    except Exception as exc:  # noqa: BLE001 - isolation is the point; strict mode re-raises for tests
+        if strict:
+            raise
+        section = {"status": "failed", "problems": [{"code": "internal.exception",
+                                                     "message": "{}: {}: {}".format(name, type(exc).__name__, exc)}]}
+    runs.append({"name": name, "status": section.get("status", "ok"), "duration_s": round(time.perf_counter() - start, 4)})
+    return section
+
+
+def _env_hint(root: str, pid: int) -> Dict[str, str]:
+    """HF_HOME / HF_HUB_CACHE of a process, to find its model config; nothing else is kept."""
+    try:
+        with open(os.path.join(root, "proc", str(pid), "environ"), "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key in (b"HF_HOME", b"HF_HUB_CACHE", b"HOME"):
+            out[key.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
+def _gpu_processes(root: str, nvml_section: Dict[str, Any]) -> Dict[str, Any]:
+    """Every PID NVML reports: its process details, or that /proc has no such PID."""
+    out: Dict[str, Any] = {}
+    for gpu in nvml_section.get("gpus", []):
+        for p in gpu.get("processes", []):
+            key = str(p["pid"])
+            if key in out:
+                continue
+            info = procfs.process(root, p["pid"])
+            if info is None:
+                out[key] = {"pid": p["pid"], "missing": True}
+            else:
+                info["cmdline"] = redact_argv(info["cmdline"])
+                out[key] = info
+    return out
+
+
+def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The engine holding the most GPU memory (the one worth explaining first)."""
+    if not engine_list:
+        return None
+    used: Dict[int, int] = {}
+    for gpu in nvml_section.get("gpus", []):
+        for p in gpu.get("processes", []):
+            used[p["pid"]] = used.get(p["pid"], 0) + (p.get("used_bytes") or 0)
+
+    def weight(engine: Dict[str, Any]) -> int:
+        return sum(used.get(s["pid"], 0) for s in engine["schedulers"])
+
+    return max(engine_list, key=weight)
+
+
+def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None, startup: int = -1,
+            model_config_path: Optional[str] = None, http: bool = True, strict: bool = False) -> Dict[str, Any]:
+    runs: List[Dict[str, Any]] = []
+    snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(), "taken_at_unix_s": round(time.time(), 3),
+                            "probe": {"python": platform.python_version(), "platform": sys.platform}}
+    snap["nvml"] = _run(nvml.NAME, lambda: nvml.collect(nvml_lib), runs, strict)
+    snap["host_memory"] = _run(host_memory.NAME, lambda: host_memory.collect(root), runs, strict)
+    snap["engines"] = _run(engines.NAME, lambda: engines.collect(root), runs, strict)
+    snap["gpu_processes"] = _run("gpu_processes", lambda: {"status": "ok", "processes": _gpu_processes(root, snap["nvml"])},
+                                 runs, strict)
+    engine = primary_engine(snap["engines"].get("engines", []), snap["nvml"])
+    server = engine.get("server") if engine else None
+    args = engine.get("server_args", {}) if engine else {}
+
+    def log_section() -> Dict[str, Any]:
+        if log:
+            return engine_logs.collect(engine_logs.parse_spec(log), None, startup)
+        spec, reason = engine_logs.spec_for(server)
+        return engine_logs.collect(spec, reason, startup)
+
+    snap["engine_log"] = _run(engine_logs.NAME, log_section, runs, strict)
+
+    def config_section() -> Dict[str, Any]:
+        path = model_config_path
+        if path is None and args.get("model_path"):
+            env = _env_hint(root, server["pid"]) if server else {}
+            path = model_config.locate(str(args["model_path"]), env, env.get("HOME"))
+            if path is None:
+                return {"status": "absent", "path": None, "config": None, "problems": [{
+                    "code": "model_config.not_found",
+                    "message": "no config.json for --model-path {} (pass --model-config)".format(args["model_path"])}]}
+        if path is None:
+            return {"status": "absent", "path": None, "config": None, "problems": []}
+        try:
+            return {"status": "ok", "path": model_config.find_config(path) or path,
+                    "config": model_config.load_model_config(path), "problems": []}
+        except model_config.ModelConfigError as exc:
+            return {"status": "failed", "path": path, "config": None,
+                    "problems": [{"code": "model_config.unreadable", "message": str(exc)}]}
+
+    snap["model_config"] = _run(model_config.NAME,
+                                config_section, runs, strict)
+    if http and engine is not None and server is not None:
+        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args), runs, strict)
+    else:
+        snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {}, "problems": []}
+    snap["collector_runs"] = runs
+    return snap
