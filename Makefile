@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	@echo ">> kvforensics analyze on the bundled seed case (8 x RTX PRO 6000, Kimi-K2.5 TP8 + EAGLE-3)"
-	@$(BIN)/kvforensics analyze examples/kimi-k2.5-tp8-eagle3.log --model-config examples/kimi-k2.5-config.json; \
+	@echo ">> kvforensics inspect --from the seed node's evidence bundle (8 x RTX PRO 6000, Kimi-K2.5 TP8 + EAGLE-3)"
+	@$(BIN)/kvforensics inspect --from examples/seed-node.json; \
 	  rc=$$?; if [ $$rc -eq 1 ]; then echo ">> exit code 1: findings at or above --fail-on warning (expected here)"; exit 0; fi; exit $$rc
 
 test: $(STAMP) fake-nvml
@@ -39,7 +39,7 @@ gpu-check: $(STAMP)
 
 lint: $(STAMP)
 	@echo ">> ruff"
-	$(BIN)/ruff check agent collectors reports tests bench
+	$(BIN)/ruff check agent collectors reports tests bench examples
 
 bench: $(STAMP)
 	@echo ">> benchmarks (results: bench/RESULTS.md)"

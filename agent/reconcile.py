@@ -50,7 +50,7 @@ class GpuLedger:
     processes: Tuple[GpuProcess, ...]
     rank: Optional[str] = None  # the engine rank running here
     items: Tuple[Tuple[str, Optional[int], str], ...] = ()  # (label, bytes, source), sums to used
-    problems: Tuple[str, ...] = ()
+    problems: Tuple[Problem, ...] = ()
 
     def item(self, label: str) -> Optional[int]:
         return next((b for name, b, _ in self.items if name == label), None)
@@ -158,7 +158,8 @@ def _gpu_ledger(gpu: Dict[str, Any], procs: Dict[str, Any], scheduler_ranks: Dic
         items.append(("free", gpu["free_bytes"], "nvmlDeviceGetMemoryInfo_v2 free"))
     return GpuLedger(gpu["index"], gpu.get("status", "ok"), gpu.get("uuid"), gpu.get("name"), gpu.get("total_bytes"),
                      gpu.get("reserved_bytes"), used, gpu.get("free_bytes"), tuple(processes), rank, tuple(items),
-                     tuple(p["message"] for p in gpu.get("problems", [])))
+                     tuple(Problem(p["code"], "GPU {}: {}".format(gpu["index"], p["message"]))
+                           for p in gpu.get("problems", [])))
 
 
 def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options) -> Inspection:
@@ -186,6 +187,8 @@ def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options) -> Inspec
     procs = (snap.get("gpu_processes") or {}).get("processes", {})
     gpus = tuple(_gpu_ledger(g, procs, scheduler_ranks, engine_pids, analysis)
                  for g in (snap.get("nvml") or {}).get("gpus", []))
+    for g in gpus:
+        problems.extend(g.problems)
     host = snap.get("host_memory") or {}
     nothing = ((snap.get("nvml") or {}).get("status") in ("absent", "failed", None)
                and host.get("status") in ("failed", None) and not engine_list)

@@ -10,7 +10,6 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-
 NAME = "model_config"
 
 

@@ -10,8 +10,8 @@ import json
 from typing import Any, Dict, Iterable, List, Optional
 
 from agent.analysis import Analysis
-from agent.reconcile import GpuLedger, Inspection
 from agent.ledger import RankLedger, RunnerLedger
+from agent.reconcile import GpuLedger, Inspection
 from collectors.redact import redact_mapping
 
 SCHEMA = "kvforensics.report/1"
@@ -145,7 +145,7 @@ def gpu_dict(g: GpuLedger) -> Dict[str, Any]:
             "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": p.name, "rank": p.rank, "owner": p.owner,
                            "user": p.user, "container": p.container} for p in g.processes],
             "ledger": [{"item": name, "bytes": b, "source": src} for name, b, src in g.items],
-            "problems": list(g.problems)}
+            "problems": [{"code": p.code, "message": p.message} for p in g.problems]}
 
 
 def render_inspections(inspections: List[Inspection]) -> str:

@@ -133,9 +133,11 @@ def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
     c = console
     args = a.server_args
     head = Text()
-    head.append("kvforensics ", style="bold")
-    head.append(a.target, style="bold cyan")
-    head.append("  SGLang {} (from line formats)".format(a.era.hint))
+    if not live:
+        head.append("kvforensics ", style="bold")
+        head.append(a.target, style="bold cyan")
+        head.append("  ")
+    head.append("SGLang {} (from line formats)".format(a.era.hint))
     c.print(head)  # type: ignore[attr-defined]
     facts = []
     if args.get("model_path"):

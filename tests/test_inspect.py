@@ -1,0 +1,256 @@
+"""kvforensics inspect on a fake node: fake NVML driver + real processes + a real log."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+from tests.fakenode import FAKE_LIB, GIB, MIB, RESERVED, TOTAL, FakeNode, build_fake_nvml
+
+
+@pytest.fixture(scope="session")
+def fake_lib() -> Path:
+    return build_fake_nvml()
+
+
+@pytest.fixture
+def node(tmp_path, fake_lib, monkeypatch):
+    with FakeNode(tmp_path, foreign={3: 2 * GIB}, orphan={5: GIB}) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        yield n
+
+
+def _inspect(*extra):
+    code, out, err = run_cli(["inspect", "--json", "--nvml-lib", str(FAKE_LIB), "--no-http", *extra])
+    assert out, err
+    return code, json.loads(out)["targets"][0], err
+
+
+def _codes(t):
+    out = {}
+    for f in t["findings"]:
+        out.setdefault(f["code"], f)
+    return out
+
+
+def test_seed_node_end_to_end_as_a_process(node):
+    """The CLI as a separate process finds libnvidia-ml.so.1 on the loader path, like the real one."""
+    env = dict(node.env(), LD_LIBRARY_PATH=str(FAKE_LIB.parent), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "agent", "inspect", "--json", "--no-http"], capture_output=True,
+                          text=True, env=env, timeout=60, cwd=str(ROOT))
+    assert proc.returncode == 1, proc.stderr  # findings at warning and above
+    t = json.loads(proc.stdout)["targets"][0]
+    assert t["status"] == "ok" and t["target"].startswith("local:")
+    assert len(t["gpus"]) == 8
+    for i, g in enumerate(t["gpus"]):
+        assert g["index"] == i and g["rank"] == "TP{}".format(i)
+        assert g["total_bytes"] == TOTAL and g["reserved_bytes"] == RESERVED
+        assert g["free_bytes"] == int(5.06 * GIB)
+        assert g["used_bytes"] == TOTAL - RESERVED - int(5.06 * GIB)
+        engine = [p for p in g["processes"] if p["owner"] == "engine"]
+        assert len(engine) == 1 and engine[0]["pid"] == node.scheduler_pids[i] and engine[0]["rank"] == "TP{}".format(i)
+        assert sum(x["bytes"] for x in g["ledger"] if x["item"] not in ("reserved by the driver", "free")) == g["used_bytes"]
+    # the log's ledger is joined per GPU
+    ledger0 = {x["item"]: x["bytes"] for x in t["gpus"][0]["ledger"]}
+    assert ledger0["weights"] == int(round(72.33 * GIB)) and ledger0["KV pool"] == int(round(10.42 * GIB))
+    assert ledger0["draft model"] > 3 * GIB
+    assert t["startup"]["max_total_num_tokens"] == 159277
+    assert t["startup"]["budget"]["bytes_per_token"] == 70272  # config.json found from --model-path
+    assert t["host_memory"]["total_bytes"] > 0 and t["host_memory"]["available_bytes"] > 0
+    assert "sk-do-not-print" not in proc.stdout  # --api-key on the command line never leaks
+
+
+def test_findings_and_measured_recommendations(node):
+    code, t, err = _inspect()
+    assert code == 1
+    f = _codes(t)
+    spare = int(5.06 * GIB) - 2 * GIB
+    assert f["unused_gpu_memory"]["bytes"] == spare
+    assert "8 GPU(s)" in f["unused_gpu_memory"]["title"]
+    foreign = f["foreign_gpu_process"]
+    assert foreign["bytes"] == 2 * GIB and str(node.foreign_pids[3]) in foreign["title"]
+    assert "{:,} KV tokens per rank".format(2 * GIB // 70272) in foreign["detail"] and "all 8 rank(s)" in foreign["detail"]
+    orphan = f["orphaned_gpu_memory"]
+    assert orphan["severity"] == "error" and orphan["bytes"] == GIB and "4194005" in orphan["title"]
+    for code_ in ("mem_fraction_semantics", "kv_budget_check", "draft_in_reserve", "concurrency_bound"):
+        assert code_ in f
+    rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
+    assert rec["basis"] == "measured"
+    pre = int(round(94.04 * GIB))
+    assert float(rec["value"]) == int((0.88 + spare / pre) * 1000) / 1000
+    assert rec["gain_tokens"] == rec["gain_bytes"] // 70272
+    gpu5 = {x["item"]: x["bytes"] for x in t["gpus"][5]["ledger"]}
+    assert gpu5["PIDs that no longer exist"] == GIB
+
+
+def test_rank_imbalance_live(tmp_path, fake_lib, monkeypatch):
+    free = [int(5.06 * GIB)] * 8
+    free[6] = int(1.5 * GIB)
+    with FakeNode(tmp_path, free_bytes=free) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        code, t, _ = _inspect()
+    f = _codes(t)
+    assert f["rank_imbalance"]["bytes"] == int(5.06 * GIB) - int(1.5 * GIB)
+    assert "GPU 6" in f["rank_imbalance"]["detail"]
+    assert f["low_headroom"]["bytes"] == int(1.5 * GIB)  # the minimum decides, and it is below the margin
+    rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
+    assert float(rec["value"]) < 0.88 and rec["gain_bytes"] < 0
+
+
+@pytest.mark.parametrize("directive,check", [
+    ("memory_api v1", lambda t: t["gpus"][0]["reserved_bytes"] is None and t["gpus"][0]["used_bytes"] == TOTAL - int(5.06 * GIB)),
+    ("process_api v2", lambda t: t["gpus"][0]["processes"][0]["rank"] == "TP0"),
+    ("process_api v1", lambda t: t["gpus"][0]["processes"][0]["rank"] == "TP0"),
+    ("process_api cc", lambda t: t["gpus"][0]["processes"][0]["rank"] == "TP0"
+                                 and any(p["code"] == "nvml.process_list_corrupt" for p in t["problems"])),
+])
+def test_driver_generations(node, directive, check):
+    text = node.scenario.read_text()
+    node.scenario.write_text(directive + "\n" + text)
+    code, t, _ = _inspect()
+    assert check(t), t["gpus"][0]
+    assert all(len([p for p in g["processes"] if p["owner"] == "engine"]) == 1 for g in t["gpus"])
+
+
+def test_lost_gpu_is_critical_and_others_still_reported(node):
+    node.scenario.write_text(node.scenario.read_text().replace("gpu 2 ", "gpu 2 state=lost ", 1))
+    code, t, _ = _inspect()
+    assert code == 1
+    assert t["gpus"][2]["status"] == "lost" and t["gpus"][2]["total_bytes"] is None
+    assert t["gpus"][3]["total_bytes"] == TOTAL
+    f = _codes(t)["gpu_lost"]
+    assert f["severity"] == "critical" and "GPU 2" in f["title"]
+    assert t["status"] == "partial"
+
+
+def test_field_not_supported_is_none_not_zero(node):
+    node.scenario.write_text(node.scenario.read_text().replace("gpu 1 ", "gpu 1 memory=not_supported ", 1))
+    code, t, _ = _inspect()
+    g = t["gpus"][1]
+    assert g["total_bytes"] is None and g["free_bytes"] is None and g["status"] == "partial"
+    assert any("memory" in p["message"] for p in g["problems"])
+
+
+@pytest.mark.parametrize("init,message", [
+    ("driver_not_loaded", "kernel driver is not loaded"),
+    ("rm_version_mismatch", "versions differ"),
+    ("no_permission", "no permission to open the NVIDIA devices"),
+])
+def test_init_errors_are_one_clear_sentence(node, init, message):
+    node.scenario.write_text("init {}\n".format(init) + node.scenario.read_text())
+    code, t, _ = _inspect()
+    f = _codes(t)["nvml_unavailable"]
+    assert message in f["title"]
+    assert t["gpus"] == [] and t["host_memory"]["total_bytes"] > 0
+    assert code == 1  # the host and the engine were still collected: not exit 3
+
+
+def test_no_driver_on_this_machine(monkeypatch):
+    monkeypatch.delenv("FAKE_NVML_SCENARIO", raising=False)
+    code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
+    t = json.loads(out)["targets"][0]
+    assert code == 1 and t["gpus"] == []
+    assert _codes(t)["nvml_unavailable"]["severity"] == "warning"
+    assert t["host_memory"]["available_bytes"] > 0
+    code, out, err = run_cli(["inspect", "--no-color", "--no-http", "--nvml-lib", "/nonexistent/x.so"])
+    assert "nvml_unavailable" in out and "host RAM" in out
+
+
+def test_bundle_round_trip(node, tmp_path):
+    bundle = tmp_path / "evidence.json"
+    code, live, _ = _inspect("--save", str(bundle))
+    data = json.loads(bundle.read_text())
+    assert data["schema"] == "kvforensics.snapshot/1"
+    assert data["nvml"]["gpus"][0]["total_bytes"] == TOTAL
+    assert data["engine_log"]["lines"] and "sk-do-not-print" not in bundle.read_text()
+    node.stop()  # the node is gone; the bundle still tells the story
+    code2, out, err = run_cli(["inspect", "--from", str(bundle), "--json"])
+    replay = json.loads(out)["targets"][0]
+    assert replay["target"] == "bundle:" + str(bundle)
+    assert replay["findings"] == live["findings"] and replay["recommendations"] == live["recommendations"]
+    assert replay["gpus"] == live["gpus"]
+
+
+@pytest.mark.parametrize("content,message", [("not json", "not JSON"), ('{"schema": "other"}', "not a kvforensics bundle")])
+def test_bad_bundles(tmp_path, content, message):
+    p = tmp_path / "b.json"
+    p.write_text(content)
+    code, out, err = run_cli(["inspect", "--from", str(p)])
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_shipped_seed_bundle():
+    code, out, err = run_cli(["inspect", "--from", str(ROOT / "examples" / "seed-node.json"), "--json"])
+    t = json.loads(out)["targets"][0]
+    assert code == 1
+    assert len(t["gpus"]) == 8 and all(g["total_bytes"] == 97887 * MIB for g in t["gpus"])
+    assert all(4.5 * GIB < g["free_bytes"] < 5.5 * GIB for g in t["gpus"])
+    assert 390 * GIB < t["host_memory"]["available_bytes"] < 400 * GIB
+    f = _codes(t)
+    assert {"unused_gpu_memory", "mem_fraction_semantics", "draft_in_reserve", "host_ram_offload"} <= set(f)
+    hicache = next(r for r in t["recommendations"] if r["flag"].startswith("--enable-hierarchical-cache"))
+    assert hicache["basis"] == "measured"
+    per_rank = (t["host_memory"]["available_bytes"] - 10 * GIB) // 8
+    assert int(hicache["value"]) == per_rank // 10**9
+
+
+@pytest.mark.parametrize("value", ["journal:x;touch owned", "docker:$(touch owned)", "journal:-o", "docker:"])
+def test_hostile_log_values_never_run_anything(tmp_path, value, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["inspect", "--log", value, "--no-http"])
+    assert code == 2 and "--log" in err
+    assert not (tmp_path / "owned").exists()
+
+
+def test_remote_targets_are_a_usage_error_for_now():
+    code, out, err = run_cli(["inspect", "root@gpu-07"])
+    assert code == 2 and "not supported yet" in err
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        bodies = {
+            "/server_info": json.dumps({"max_total_num_tokens": 159277, "api_key": "sk-http-secret",
+                                        "internal_states": [{"memory_usage": {"kvcache": 10.42}}]}),
+            "/metrics": "# HELP sglang:num_running_reqs x\nsglang:num_running_reqs{tp_rank=\"0\"} 17.0\n"
+                        "sglang:num_queue_reqs{tp_rank=\"0\"} 5.0\nsglang:token_usage{tp_rank=\"0\"} 0.93\n",
+        }
+        body = bodies.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_live_metrics_from_the_engine_on_loopback(tmp_path, fake_lib, monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with FakeNode(tmp_path, extra_flags=["--port", str(port)]) as n:
+            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+            code, out, err = run_cli(["inspect", "--json", "--nvml-lib", str(FAKE_LIB), "--save", str(tmp_path / "b.json")])
+    finally:
+        server.shutdown()
+    t = json.loads(out)["targets"][0]
+    f = _codes(t)["concurrency_bound"]
+    assert "running 17" in f["detail"] and "queued 5" in f["detail"] and "KV token usage 93%" in f["detail"]
+    assert f["severity"] == "warning"  # requests are queueing
+    assert "sk-http-secret" not in (tmp_path / "b.json").read_text()
+
+
+def test_help_mentions_inspect():
+    code, out, _ = run_cli(["inspect", "--help"])
+    assert code == 0 and "--nvml-lib" in out and "--save" in out and "--from" in out
