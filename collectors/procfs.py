@@ -49,29 +49,33 @@ def parse_uid(status: str) -> Optional[int]:
 
 
 def parse_cgroup(text: str) -> Tuple[Optional[str], Optional[Dict[str, str]], Optional[str]]:
-    """(cgroup path, container {"runtime", "id"}, systemd unit) from /proc/PID/cgroup."""
-    path = None
+    """(cgroup path, container {"runtime", "id"}, systemd unit) from /proc/PID/cgroup.
+
+    Every hierarchy line is searched: on hybrid v1/v2 hosts the container id may be only in a
+    v1 line (``12:memory:/docker/<id>``) while the v2 line reads ``0::/``.
+    """
+    paths = []
     for line in text.splitlines():
         parts = line.split(":", 2)
-        if len(parts) == 3 and (parts[0] == "0" or path is None):
-            path = parts[2]
-    if path is None:
+        if len(parts) == 3:
+            paths.append((parts[0] == "0", parts[2]))
+    if not paths:
         return None, None, None
+    path = next((p for v2, p in paths if v2 and p != "/"), paths[0][1])
+    joined = "\n".join(p for _, p in paths)
     container = None
-    m = _POD.search(path)
+    m = _POD.search(joined)
     if m:
         container = {"runtime": "kubernetes", "id": m.group(1).replace("_", "-")}
     else:
-        m = _DOCKER.search(path)
-        if m:
-            container = {"runtime": "docker", "id": m.group(1)}
-        else:
-            m = _CONTAINERD.search(path)
+        for pattern, runtime in ((_DOCKER, "docker"), (_CONTAINERD, "containerd")):
+            m = pattern.search(joined)
             if m:
-                container = {"runtime": "containerd", "id": m.group(1)}
+                container = {"runtime": runtime, "id": m.group(1)}
+                break
     unit = None
     if container is None:
-        m = _UNIT.search(path)
+        m = _UNIT.search(joined)
         unit = m.group(1) if m else None
     return path, container, unit
 
