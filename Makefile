@@ -44,6 +44,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@echo ">> benchmarks (results: bench/RESULTS.md)"
 	$(BIN)/python bench/bench_analyze.py
+	$(BIN)/python bench/bench_inspect.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache bench/out
