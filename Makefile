@@ -30,7 +30,7 @@ fake-nvml: $(FAKE_NVML)
 $(FAKE_NVML): tests/fake_nvml/fake_nvml.c
 	@echo ">> building the fake NVML driver library"
 	@mkdir -p $(dir $@)
-	$${CC:-cc} -O2 -Wall -shared -fPIC -o $@ $<
+	$${CC:-cc} -O2 -Wall -shared -fPIC -o $@ $< -ldl
 
 # Only on a machine with an NVIDIA GPU: NVML collector vs nvidia-smi vs torch, with a known allocation.
 gpu-check: $(STAMP)

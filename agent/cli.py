@@ -100,21 +100,27 @@ def analyze(
 
 @app.command()
 def inspect(
-    targets: Optional[List[str]] = typer.Argument(None, help="Hosts to inspect; none or 'local' = this machine.", show_default=False),
+    targets: Optional[List[str]] = typer.Argument(None, help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this machine.", show_default=False),
+    hosts_file: Optional[str] = typer.Option(None, "--hosts-file", help="Read targets from a file: one per line, '#' comments."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report (schema kvforensics.report/1)."),
+    detail: bool = typer.Option(False, "--detail", help="With several hosts, print each host's full report after the summary."),
     fail_on: str = typer.Option("warning", "--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never."),
     margin: float = typer.Option(2.0, "--margin", help="GiB to keep free for runtime activations when sizing recommendations."),
     request_tokens: int = typer.Option(8192, "--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates."),
-    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path."),
+    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path (on the inspected host)."),
     log: Optional[str] = typer.Option(None, "--log", help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found from the process)."),
     startup: int = typer.Option(-1, "--startup", help="Which startup in the log: 1 = first, -1 = last."),
     model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json or model directory (default: from --model-path)."),
-    save: Optional[str] = typer.Option(None, "--save", help="Also write everything collected to this JSON evidence bundle."),
-    from_file: Optional[str] = typer.Option(None, "--from", help="Analyse an evidence bundle written by --save instead of this machine."),
+    save: Optional[str] = typer.Option(None, "--save", help="Also write everything collected to this JSON evidence bundle (one target)."),
+    from_file: Optional[str] = typer.Option(None, "--from", help="Analyse an evidence bundle written by --save instead of a host."),
     http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics."),
+    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="OpenSSH client config to use (default ~/.ssh/config)."),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown hosts' keys (like StrictHostKeyChecking accept-new); changed keys are always refused."),
+    parallel: int = typer.Option(16, "--parallel", help="Hosts inspected at once."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Deadline per host, in seconds (connect, authenticate, probe)."),
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
 ) -> None:
-    """Inspect a node live: NVML, host RAM, engine processes and their logs, reconciled."""
+    """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
     from agent import bundles
     from agent.reconcile import inspect_snapshot
     from agent.records import Options, severity_rank
@@ -126,10 +132,8 @@ def inspect(
         raise UsageProblem("--margin must be a number of GiB >= 0")
     if request_tokens <= 0:
         raise UsageProblem("--request-tokens must be a positive number of tokens")
-    remote = [t for t in (targets or []) if t not in ("local", "localhost")]
-    if remote:
-        raise UsageProblem("remote targets ({}) are not supported yet: run kvforensics inspect on the node, or "
-                           "inspect --from a bundle saved there with --save".format(", ".join(remote)))
+    if parallel < 1 or timeout <= 0:
+        raise UsageProblem("--parallel must be >= 1 and --timeout > 0")
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
     if log is not None:
@@ -137,35 +141,80 @@ def inspect(
             parse_spec(log)
         except LogSpecError as exc:
             raise UsageProblem(str(exc)) from None
+    names = list(targets or [])
+    if hosts_file:
+        from agent.fleet import read_hosts_file
+
+        try:
+            names += read_hosts_file(hosts_file)
+        except OSError as exc:
+            raise UsageProblem("--hosts-file {}: {}".format(hosts_file, exc.strerror or exc)) from None
+    if from_file is not None and names:
+        raise UsageProblem("--from reads a bundle; do not also name hosts")
+    if save is not None and len(names) > 1:
+        raise UsageProblem("--save writes one bundle: name one target")
+    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
+    probe_options = {"nvml_lib": nvml_lib, "log": log, "startup": startup, "model_config_path": model_config,
+                     "http": http}
+    inspections = []
+    failures = []  # (target, status, code, message)
     if from_file is not None:
         try:
-            snap = bundles.load(from_file)
+            snaps = [("bundle:{}".format(from_file), bundles.load(from_file))]
         except bundles.BundleError as exc:
             raise UsageProblem(str(exc)) from None
-        target = "bundle:{}".format(from_file)
     else:
-        from collectors import snapshot
+        snaps = []
+        remote = [t for t in names if t not in ("local", "localhost")]
+        if not names or len(remote) < len(names):
+            from collectors import snapshot
 
-        snap = snapshot.collect(nvml_lib=nvml_lib, log=log, startup=startup, model_config_path=model_config, http=http)
-        target = "local:{}".format(snap.get("hostname"))
-    if save is not None:
+            snap = snapshot.collect(**probe_options)
+            snaps.append(("local:{}".format(snap.get("hostname")), snap))
+        if remote:
+            from agent import fleet
+
+            done, stop = fleet.progress_printer(len(remote))
+            try:
+                results = fleet.run(remote, fleet.FleetOptions(probe_options, ssh_config, accept_new_host_keys,
+                                                               parallel, timeout), done)
+            finally:
+                stop()
+            for r in results:
+                for note in r.notes:
+                    sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
+                if r.snapshot is None:
+                    code, message = r.problem or ("ssh.error", "failed")
+                    failures.append((r.target, r.status, code, message))
+                    sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
+                else:
+                    snaps.append(("ssh:{}".format(r.target), r.snapshot))
+    if save is not None and snaps:
         try:
-            bundles.save(snap, save)
+            bundles.save(snaps[0][1], save)
         except OSError as exc:
             raise UsageProblem("--save {}: {}".format(save, exc)) from None
-    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
-    insp = inspect_snapshot(snap, target, opts)
+    for target, snap in snaps:
+        inspections.append(inspect_snapshot(snap, target, opts))
     if as_json:
-        sys.stdout.write(json_report.render_inspections([insp]))
+        errors = [json_report.error_target("ssh:" + t, status, code, message) for t, status, code, message in failures]
+        sys.stdout.write(json_report.render_inspections(inspections, errors))
     else:
         from reports import terminal
 
         width = max(80, shutil.get_terminal_size((120, 24)).columns)
-        sys.stdout.write(terminal.render_inspections([insp], color=_use_color(color), width=width))
-    if insp.collected_nothing:
-        sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(target))
+        many = len(inspections) + len(failures) > 1
+        if many:
+            sys.stdout.write(terminal.render_fleet(inspections, failures, color=_use_color(color), width=width))
+        if inspections and (detail or not many):
+            sys.stdout.write(terminal.render_inspections(inspections, color=_use_color(color), width=width))
+    nothing = failures or any(i.collected_nothing for i in inspections)
+    if nothing:
+        if any(i.collected_nothing for i in inspections):
+            sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(
+                ", ".join(i.target for i in inspections if i.collected_nothing)))
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
-    if level is not None and any(severity_rank(f.severity) >= level for f in insp.findings):
+    if level is not None and any(severity_rank(f.severity) >= level for i in inspections for f in i.findings):
         raise typer.Exit(exitcodes.EXIT_FINDINGS)
 
 

@@ -368,3 +368,49 @@ def _when(ts: Optional[float]) -> str:
     if not ts:
         return "?"
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+_SEV_ORDER = {"critical": 0, "error": 1, "warning": 2, "info": 3}
+
+
+def fleet_rows(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, str, str, str]]) -> List[Tuple[str, ...]]:
+    """(host, status, GPUs, engine, model, KV tokens, unused GiB, worst finding) per target."""
+    rows = []
+    for i in inspections:
+        a = i.analysis
+        engines = (i.snapshot.get("engines") or {}).get("engines") or []
+        model = ""
+        if a is not None and a.server_args.get("model_path"):
+            model = str(a.server_args["model_path"]).rstrip("/").rsplit("/", 1)[-1]
+        elif engines and engines[0].get("server_args", {}).get("model_path"):
+            model = str(engines[0]["server_args"]["model_path"]).rstrip("/").rsplit("/", 1)[-1]
+        unused = next((f.bytes for f in i.findings if f.code == "unused_gpu_memory"), None)
+        worst = min(i.findings, key=lambda f: _SEV_ORDER[f.severity], default=None)
+        rows.append((i.target.split(":", 1)[-1], i.status, str(len(i.gpus)),
+                     "SGLang " + a.era.hint if a else ("SGLang (no log)" if engines else "—"), model or "—",
+                     "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
+                     _gib(unused) if unused else "—",
+                     "{} {}".format(worst.severity, worst.code) if worst else "—"))
+    for target, status, code, message in failures:
+        rows.append((target, status, "—", "—", "—", "—", "—", message))
+    return rows
+
+
+def render_fleet(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, str, str, str]],
+                 color: bool = True, width: int = 110) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                      color_system="truecolor" if color else None, highlight=False, emoji=False)
+    table = Table(title="kvforensics: {} host(s), {} collected".format(len(inspections) + len(failures), len(inspections)),
+                  title_justify="left", show_edge=False, pad_edge=False)
+    for col, just in (("host", "left"), ("status", "left"), ("GPUs", "right"), ("engine", "left"), ("model", "left"),
+                      ("KV tokens", "right"), ("unused GiB", "right"), ("worst finding", "left")):
+        table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for row in fleet_rows(inspections, failures):
+        style = None if row[1] in ("ok", "partial") else "red"
+        table.add_row(*row, style=style)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"

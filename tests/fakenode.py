@@ -31,7 +31,7 @@ def build_fake_nvml() -> Path:
         return FAKE_LIB
     FAKE_LIB.parent.mkdir(parents=True, exist_ok=True)
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-O2", "-Wall", "-shared", "-fPIC", "-o", str(FAKE_LIB), str(src)], check=True)
+    subprocess.run([cc, "-O2", "-Wall", "-shared", "-fPIC", "-o", str(FAKE_LIB), str(src), "-ldl"], check=True)
     return FAKE_LIB
 
 

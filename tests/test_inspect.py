@@ -209,11 +209,6 @@ def test_hostile_log_values_never_run_anything(tmp_path, value, monkeypatch):
     assert not (tmp_path / "owned").exists()
 
 
-def test_remote_targets_are_a_usage_error_for_now():
-    code, out, err = run_cli(["inspect", "root@gpu-07"])
-    assert code == 2 and "not supported yet" in err
-
-
 class _Engine(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         bodies = {

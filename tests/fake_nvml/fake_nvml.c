@@ -8,6 +8,8 @@
  * Only the symbols kvforensics' NVML collector and nvidia-smi-style queries need are here.
  * Struct layouts follow nvml.h (and pynvml's ctypes mirrors of it).
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,14 +87,29 @@ static void set_gpu_field(fake_gpu_t *g, const char *key, const char *value) {
     else if (!strcmp(key, "processes")) g->processes_err = error_code(value);
 }
 
+/* $FAKE_NVML_SCENARIO, else "scenario.txt" beside this library: a probe started by sshd does
+ * not inherit the test's environment, but it can be pointed at a copy of the library. */
+static const char *scenario_path(void) {
+    static char beside[4096];
+    const char *env = getenv("FAKE_NVML_SCENARIO");
+    if (env) return env;
+    Dl_info info;
+    if (!dladdr((void *)scenario_path, &info) || !info.dli_fname) return NULL;
+    snprintf(beside, sizeof beside, "%s", info.dli_fname);
+    char *slash = strrchr(beside, '/');
+    if (!slash) return NULL;
+    snprintf(slash + 1, sizeof beside - (size_t)(slash + 1 - beside), "scenario.txt");
+    return beside;
+}
+
 static void load_scenario(void) {
-    const char *path = getenv("FAKE_NVML_SCENARIO");
+    const char *path = scenario_path();
     memset(gpus, 0, sizeof gpus);
     ngpus = 0;
     init_error = 0;
     if (!path) return;
     FILE *f = fopen(path, "r");
-    if (!f) { init_error = NVML_ERROR_UNKNOWN; return; }
+    if (!f) { init_error = getenv("FAKE_NVML_SCENARIO") ? NVML_ERROR_UNKNOWN : 0; return; }
     char line[1024];
     while (fgets(line, sizeof line, f)) {
         char *save = NULL;

@@ -1,0 +1,124 @@
+"""Inspect many hosts at once: one SSH exec round trip per host, in parallel, each with a deadline.
+
+A host that fails never stops the others; every target ends with a status:
+``ok`` / ``partial`` (collected), ``unreachable``, ``auth_failed``, ``host_key_refused``,
+``error`` (connected, but no usable answer: no python3, a bad probe answer).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from agent import probe as probe_mod
+from agent import ssh
+
+DEFAULT_PARALLEL = 16
+DEFAULT_TIMEOUT_S = 30.0
+_NO_PYTHON = (b"python3: command not found", b"python3: not found", b"No such file or directory")
+
+
+@dataclass(frozen=True)
+class HostResult:
+    target: str
+    status: str
+    snapshot: Optional[Dict[str, Any]]
+    problem: Optional[Tuple[str, str]] = None  # (code, message) when not collected
+    stderr: str = ""
+    notes: Tuple[str, ...] = ()
+    bytes_sent: int = 0
+    round_trips: int = 0
+    duration_s: float = 0.0
+
+
+@dataclass
+class FleetOptions:
+    probe_options: Dict[str, Any] = field(default_factory=dict)
+    ssh_config: Optional[str] = None
+    accept_new: bool = False
+    parallel: int = DEFAULT_PARALLEL
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+def read_hosts_file(path: str) -> List[str]:
+    """One target per line; '#' starts a comment; blank lines are skipped."""
+    hosts = []
+    with open(path, "r", encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                hosts.append(line)
+    return hosts
+
+
+def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.Probe) -> HostResult:
+    start = time.monotonic()
+    deadline = start + opts.timeout_s
+    session = None
+    try:
+        spec = ssh.resolve(target, config, opts.accept_new)
+        session = ssh.connect(spec, config, deadline, opts.accept_new)
+        result = ssh.exec_once(session, probe_mod.REMOTE_COMMAND, probe.script, deadline)
+        stderr = result.stderr.decode("utf-8", "replace")[-4000:]
+        if result.exit_status == 127 or (result.exit_status != 0 and any(s in result.stderr for s in _NO_PYTHON)
+                                         and b"python3" in result.stderr):
+            return HostResult(target, "error", None, ("probe.python_not_found",
+                              "{}: no python3 there (kvforensics needs only python3 >= 3.8 on the host; nothing "
+                              "is installed)".format(target)), stderr, tuple(session.notes), result.bytes_sent, 1,
+                              time.monotonic() - start)
+        try:
+            snap = probe_mod.parse_answer(result.stdout, probe)
+        except probe_mod.ProbeError as exc:
+            last = stderr.strip().splitlines()[-1] if stderr.strip() else "no stderr"
+            return HostResult(target, "error", None, (exc.code, "{}: {} (exit {}; {})".format(
+                target, exc.message, result.exit_status, last)), stderr, tuple(session.notes), result.bytes_sent, 1,
+                time.monotonic() - start)
+        return HostResult(target, "ok", snap, None, stderr, tuple(session.notes), result.bytes_sent, 1,
+                          time.monotonic() - start)
+    except ssh.SshError as exc:
+        return HostResult(target, exc.status, None, ("ssh." + exc.status, exc.message), "",
+                          tuple(session.notes) if session else (), 0, 0, time.monotonic() - start)
+    except Exception as exc:  # noqa: BLE001 - one host's surprise must not end the sweep
+        return HostResult(target, "error", None, ("ssh.error", "{}: {}: {}".format(target, type(exc).__name__, exc)),
+                          "", (), 0, 0, time.monotonic() - start)
+    finally:
+        if session is not None:
+            session.close()
+
+
+def run(targets: Sequence[str], opts: FleetOptions,
+        on_done: Optional[Callable[[HostResult], None]] = None) -> List[HostResult]:
+    """Every target's result, in the order given."""
+    config = ssh.load_config(opts.ssh_config)
+    probe = probe_mod.build(opts.probe_options)
+    results: Dict[int, HostResult] = {}
+    workers = max(1, min(opts.parallel, len(targets)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_collect_one, t, config, opts, probe): i for i, t in enumerate(targets)}
+        for fut in concurrent.futures.as_completed(futures):
+            res = fut.result()
+            results[futures[fut]] = res
+            if on_done is not None:
+                on_done(res)
+    return [results[i] for i in range(len(targets))]
+
+
+def progress_printer(total: int) -> Tuple[Callable[[HostResult], None], Callable[[], None]]:
+    """A progress bar on stderr when it is a terminal; silent otherwise."""
+    if not sys.stderr.isatty() or total < 2:
+        return (lambda _r: None), (lambda: None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[last]}"), console=Console(stderr=True), transient=True)
+    task = prog.add_task("hosts", total=total, last="")
+    prog.start()
+
+    def done(r: HostResult) -> None:
+        prog.update(task, advance=1, last="{} {}".format(r.target, r.status))
+
+    return done, prog.stop

@@ -1,0 +1,354 @@
+"""SSH to inspected hosts with paramiko, behaving like OpenSSH where it matters for safety.
+
+* ``~/.ssh/config`` (or ``--ssh-config``): HostName, User, Port, IdentityFile, IdentitiesOnly,
+  ProxyJump (several hops), ConnectTimeout, ServerAliveInterval, UserKnownHostsFile,
+  StrictHostKeyChecking.
+* Host keys: an unknown host is refused with its fingerprint and how to accept it; with
+  ``--accept-new-host-keys`` or ``StrictHostKeyChecking accept-new`` (or ``no``, which is
+  treated as accept-new: changed keys are never accepted) a new host is recorded in
+  known_hosts atomically under a lock. A host whose key differs from the recorded one is
+  always refused.
+* Authentication: ssh-agent keys, then IdentityFile(s), then the default identities (unless
+  IdentitiesOnly). A passphrase is asked only on a terminal; in batch use encrypted keys are
+  skipped with a note.
+Every failure is a ``SshError`` whose ``status`` is one of the fleet statuses.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import getpass
+import hashlib
+import logging
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import paramiko
+
+# paramiko logs transport errors itself; kvforensics reports each host's failure in one line.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)
+
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts",)
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+
+
+class SshError(Exception):
+    """status: unreachable | auth_failed | host_key_refused | error."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    target: str  # as the user typed it
+    hostname: str
+    port: int
+    user: str
+    identity_files: Tuple[str, ...] = ()
+    identities_only: bool = False
+    proxy_jump: Tuple[str, ...] = ()
+    connect_timeout: Optional[float] = None
+    server_alive_interval: Optional[int] = None
+    known_hosts: Tuple[str, ...] = DEFAULT_KNOWN_HOSTS
+    strict: str = "yes"  # yes | accept-new | no | ask
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How OpenSSH names this host in known_hosts."""
+        return self.hostname if self.port == 22 else "[{}]:{}".format(self.hostname, self.port)
+
+
+def _split_target(target: str) -> Tuple[Optional[str], str, Optional[int]]:
+    user = None
+    rest = target
+    if "@" in rest:
+        user, rest = rest.rsplit("@", 1)
+    port = None
+    if rest.startswith("["):  # [::1]:2222
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":") and tail[1:].isdigit():
+            port = int(tail[1:])
+        return user, host, port
+    if rest.count(":") == 1:
+        host, _, p = rest.partition(":")
+        if p.isdigit():
+            return user, host, int(p)
+    return user, rest, port
+
+
+def load_config(path: Optional[str]) -> paramiko.SSHConfig:
+    path = os.path.expanduser(path or "~/.ssh/config")
+    if os.path.exists(path):
+        return paramiko.SSHConfig.from_path(path)
+    return paramiko.SSHConfig()
+
+
+def resolve(target: str, config: paramiko.SSHConfig, accept_new: bool = False) -> HostSpec:
+    user, host, port = _split_target(target)
+    if not host or host.startswith("-"):
+        raise SshError("error", "{!r} is not a host".format(target))
+    entry = config.lookup(host)
+    hostname = entry.get("hostname", host)
+    port = port or int(entry.get("port", 22))
+    user = user or entry.get("user") or getpass.getuser()
+    jumps = tuple(j.strip() for j in entry.get("proxyjump", "").split(",") if j.strip() and j.strip() != "none")
+    strict = entry.get("stricthostkeychecking", "yes").lower()
+    if accept_new and strict in ("yes", "ask"):
+        strict = "accept-new"
+    timeout = entry.get("connecttimeout")
+    alive = entry.get("serveraliveinterval")
+    known = tuple(entry.get("userknownhostsfile", "").split()) or DEFAULT_KNOWN_HOSTS
+    return HostSpec(target=target, hostname=hostname, port=port, user=user,
+                    identity_files=tuple(entry.get("identityfile", ())),
+                    identities_only=entry.get("identitiesonly", "no").lower() == "yes",
+                    proxy_jump=jumps, connect_timeout=float(timeout) if timeout else None,
+                    server_alive_interval=int(alive) if alive else None, known_hosts=known,
+                    strict="accept-new" if strict == "no" else strict)
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _known_hosts(spec: HostSpec) -> paramiko.HostKeys:
+    keys = paramiko.HostKeys()
+    for path in spec.known_hosts + (SYSTEM_KNOWN_HOSTS,):
+        path = os.path.expanduser(path)
+        if os.path.exists(path):
+            try:
+                keys.load(path)
+            except (OSError, paramiko.SSHException):
+                continue
+    return keys
+
+
+def check_host_key(spec: HostSpec, key: paramiko.PKey) -> Optional[str]:
+    """Verify ``key``; returns a note when a new key was recorded, raises SshError to refuse."""
+    name = spec.known_hosts_name
+    known = _known_hosts(spec).lookup(name)
+    if known:
+        recorded = known.get(key.get_name())
+        if recorded is not None and recorded == key:
+            return None
+        raise SshError("host_key_refused", (
+            "WARNING: the host key of {} has CHANGED (now {} {}). Someone may be intercepting the connection "
+            "(man-in-the-middle), or the host was reinstalled. Refused whatever the options; if the change is "
+            "expected, remove the old key: ssh-keygen -R '{}'").format(name, key.get_name(), fingerprint(key), name))
+    if spec.strict != "accept-new":
+        raise SshError("host_key_refused", (
+            "{} is not a known host ({} key {}). Check the fingerprint, then accept it with "
+            "--accept-new-host-keys (or StrictHostKeyChecking accept-new)").format(name, key.get_name(), fingerprint(key)))
+    path = os.path.expanduser(spec.known_hosts[0])
+    record_host_key(path, name, key)
+    return "recorded new host key for {} ({} {}) in {}".format(name, key.get_name(), fingerprint(key), path)
+
+
+def record_host_key(path: str, name: str, key: paramiko.PKey) -> None:
+    """Append ``name key`` to known_hosts: under a lock, via a temp file and rename."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            current = open(path, "rb").read() if os.path.exists(path) else b""
+            keys = paramiko.HostKeys()
+            if current:
+                keys.load(path)
+            if keys.lookup(name) and keys.lookup(name).get(key.get_name()) == key:
+                return  # another run recorded it meanwhile
+            line = "{} {} {}\n".format(name, key.get_name(), key.get_base64()).encode()
+            if current and not current.endswith(b"\n"):
+                current += b"\n"
+            fd, tmp = tempfile.mkstemp(prefix=".known_hosts.", dir=folder)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(current + line)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _load_key(path: str, interactive: bool, notes: List[str]) -> Optional[paramiko.PKey]:
+    path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        return None
+    try:
+        return paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        if not interactive:
+            notes.append("skipped {}: it needs a passphrase and this is not a terminal".format(path))
+            return None
+        try:
+            return paramiko.PKey.from_path(path, getpass.getpass("Passphrase for {}: ".format(path)).encode())
+        except (paramiko.SSHException, ValueError) as exc:
+            notes.append("could not unlock {}: {}".format(path, exc))
+            return None
+    except (paramiko.SSHException, ValueError, OSError) as exc:
+        notes.append("could not read {}: {}".format(path, exc))
+        return None
+
+
+def authenticate(transport: paramiko.Transport, spec: HostSpec, interactive: bool) -> None:
+    notes: List[str] = []
+    configured = [k for k in (_load_key(p, interactive, notes) for p in spec.identity_files) if k is not None]
+    candidates: List[paramiko.PKey] = []
+    try:
+        agent_keys = list(paramiko.Agent().get_keys())
+    except (paramiko.SSHException, OSError):
+        agent_keys = []
+    if spec.identities_only:
+        wanted = {k.get_base64() for k in configured}
+        candidates.extend(k for k in agent_keys if k.get_base64() in wanted)
+    else:
+        candidates.extend(agent_keys)
+    candidates.extend(configured)
+    if not spec.identities_only and not spec.identity_files:
+        candidates.extend(k for k in (_load_key(p, interactive, notes) for p in DEFAULT_IDENTITIES) if k is not None)
+    for key in candidates:
+        try:
+            transport.auth_publickey(spec.user, key)
+        except paramiko.AuthenticationException:
+            continue
+        except paramiko.SSHException as exc:
+            raise SshError("auth_failed", "{}@{}: {}".format(spec.user, spec.hostname, exc)) from None
+        if transport.is_authenticated():
+            return
+    detail = "; ".join(notes)
+    raise SshError("auth_failed", "{}@{}: no key was accepted (tried {} key(s){})".format(
+        spec.user, spec.known_hosts_name, len(candidates), "; " + detail if detail else ""))
+
+
+@dataclass
+class Session:
+    """A connected, authenticated chain of transports (jump hosts first)."""
+
+    transports: List[paramiko.Transport] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def target(self) -> paramiko.Transport:
+        return self.transports[-1]
+
+    def close(self) -> None:
+        for t in reversed(self.transports):
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+
+def _open_transport(sock: object, spec: HostSpec, timeout: float, session: Session, interactive: bool) -> paramiko.Transport:
+    t = paramiko.Transport(sock)
+    session.transports.append(t)
+    t.banner_timeout = timeout
+    t.handshake_timeout = timeout
+    t.auth_timeout = timeout
+    try:
+        t.start_client(timeout=timeout)
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise SshError("unreachable", "{}: no SSH handshake ({})".format(spec.known_hosts_name, exc or type(exc).__name__)) from None
+    if not t.is_active() or t.session_id is None:
+        # start_client returns, without raising, when its timeout passes mid-handshake
+        raise SshError("unreachable", "{}: no SSH handshake within {:.0f} s (the port accepts TCP but does not "
+                                      "speak SSH)".format(spec.known_hosts_name, timeout))
+    note = check_host_key(spec, t.get_remote_server_key())
+    if note:
+        session.notes.append(note)
+    authenticate(t, spec, interactive)
+    if spec.server_alive_interval:
+        t.set_keepalive(spec.server_alive_interval)
+    return t
+
+
+def connect(spec: HostSpec, config: paramiko.SSHConfig, deadline: float, accept_new: bool = False,
+            interactive: Optional[bool] = None) -> Session:
+    """Connect through every ProxyJump hop to ``spec``; each hop's key and auth are checked."""
+    interactive = sys.stdin.isatty() if interactive is None else interactive
+    hops = [resolve(j, config, accept_new) for j in spec.proxy_jump] + [spec]
+    session = Session()
+    try:
+        sock: object = None
+        for i, hop in enumerate(hops):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SshError("unreachable", "{}: deadline reached".format(hop.known_hosts_name))
+            timeout = min(left, hop.connect_timeout or left)
+            if i == 0:
+                try:
+                    sock = socket.create_connection((hop.hostname, hop.port), timeout=timeout)
+                except socket.timeout:
+                    raise SshError("unreachable", "{}: connection timed out".format(hop.known_hosts_name)) from None
+                except OSError as exc:
+                    raise SshError("unreachable", "{}: {}".format(hop.known_hosts_name, exc.strerror or exc)) from None
+            else:
+                try:
+                    sock = session.target.open_channel("direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0),
+                                                       timeout=timeout)
+                except (paramiko.SSHException, OSError) as exc:
+                    raise SshError("unreachable", "{} via {}: {}".format(hop.known_hosts_name,
+                                                                          hops[i - 1].known_hosts_name, exc)) from None
+            _open_transport(sock, hop, timeout, session, interactive)
+        return session
+    except BaseException:
+        session.close()
+        raise
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_status: int
+    stdout: bytes
+    stderr: bytes
+    bytes_sent: int
+
+
+def exec_once(session: Session, command: str, stdin: bytes, deadline: float) -> ExecResult:
+    """One exec round trip: send stdin, close it, read both streams until exit or deadline."""
+    chan = session.target.open_session(timeout=max(1.0, deadline - time.monotonic()))
+    out, err = bytearray(), bytearray()
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), chan.close)
+    timer.daemon = True
+    timer.start()
+    try:
+        chan.exec_command(command)
+        chan.sendall(stdin)
+        chan.shutdown_write()
+        while True:
+            if chan.recv_ready():
+                out += chan.recv(1 << 16)
+            elif chan.recv_stderr_ready():
+                err += chan.recv_stderr(1 << 16)
+            elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                break
+            elif chan.closed:
+                break
+            else:
+                time.sleep(0.005)
+            if time.monotonic() > deadline:
+                raise SshError("unreachable", "deadline reached while the probe ran")
+        status = chan.recv_exit_status() if not chan.closed or chan.exit_status_ready() else -1
+        if time.monotonic() > deadline and not chan.exit_status_ready():
+            raise SshError("unreachable", "deadline reached while the probe ran")
+        return ExecResult(status, bytes(out), bytes(err), len(stdin))
+    finally:
+        timer.cancel()
+        chan.close()

@@ -1,0 +1,37 @@
+"""The probe's entry point on an inspected host: collect one snapshot, print one line.
+
+Runs inside the wrapper built by ``agent/probe.py`` (collectors and pynvml imported from
+memory). Options arrive as data (base64 JSON inside the script read from stdin), never on a
+command line. The answer is one line ``KVF-PROBE <json>`` on stdout, where the JSON holds the
+protocol version, the sha256 of the code that ran, the snapshot, and the sha256 of the
+snapshot's canonical JSON; everything else goes to stderr. Exit 0 whenever a snapshot was
+printed, even one full of problems.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any, Dict
+
+from collectors import snapshot
+
+MARKER = "KVF-PROBE "
+VERSION = 1
+ALLOWED = ("nvml_lib", "log", "startup", "model_config_path", "http")
+
+
+def canonical(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def run(options: Dict[str, Any], code_sha256: str) -> int:
+    kwargs = {k: v for k, v in options.items() if k in ALLOWED}
+    snap = snapshot.collect(**kwargs)
+    body = canonical(snap)
+    answer = {"version": VERSION, "code_sha256": code_sha256, "snapshot": snap,
+              "checksum": hashlib.sha256(body.encode("ascii")).hexdigest()}
+    sys.stdout.write(MARKER + canonical(answer) + "\n")
+    sys.stdout.flush()
+    return 0

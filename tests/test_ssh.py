@@ -1,0 +1,273 @@
+"""kvforensics inspect over SSH against real OpenSSH servers on 127.0.0.1 (no mocks of SSH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.fakenode import FAKE_LIB, GIB, TOTAL, FakeNode, build_fake_nvml
+from tests.sshd import SSHD, USER, Sshd, client_config, keygen
+
+if SSHD is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("sshd is missing: .ci/run must install openssh-server")
+    pytest.skip("sshd not installed (CI installs openssh-server)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    return {"client": keygen(d / "client"), "stranger": keygen(d / "stranger")}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, keys):
+    s = Sshd(tmp_path_factory.mktemp("sshd"), [keys["client"]])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def jump(tmp_path_factory, keys):
+    s = Sshd(tmp_path_factory.mktemp("sshd-jump"), [keys["client"]])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def no_python(tmp_path_factory, keys):
+    s = Sshd(tmp_path_factory.mktemp("sshd-nopy"), [keys["client"]],
+             extra='ForceCommand env PATH=/nonexistent /bin/sh -c "$SSH_ORIGINAL_COMMAND"')
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_agent(monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+
+
+def _host(server, key, known, **extra):
+    opts = {"HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key,
+            "IdentitiesOnly": "yes", "UserKnownHostsFile": known, "ConnectTimeout": 5}
+    opts.update(extra)
+    return opts
+
+
+@pytest.fixture
+def env(tmp_path, server, jump, no_python, keys):
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line() + jump.known_hosts_line() + no_python.known_hosts_line())
+    cfg = client_config(tmp_path / "ssh_config", {
+        "node": _host(server, keys["client"], known),
+        "node2": _host(server, keys["client"], known),
+        "viajump": _host(server, keys["client"], known, ProxyJump="jumphost"),
+        "jumphost": _host(jump, keys["client"], known),
+        "wrongkey": _host(server, keys["stranger"], known),
+        "nopython": _host(no_python, keys["client"], known),
+        "strangerhost": _host(server, keys["client"], tmp_path / "empty_known_hosts"),
+        "acceptnew": _host(server, keys["client"], tmp_path / "new_known_hosts", StrictHostKeyChecking="accept-new"),
+    })
+    return {"config": cfg, "known": known, "dir": tmp_path}
+
+
+def _run(env, *argv, expect=None):
+    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "20", "--json",
+                              "--no-http", *argv])
+    doc = json.loads(out)
+    if expect is not None:
+        assert code == expect, err
+    return code, doc["targets"], err
+
+
+@pytest.fixture
+def remote_lib(tmp_path, fake_node):
+    """A copy of the fake driver with the node's scenario beside it: what sshd's probe loads."""
+    folder = tmp_path / "driver"
+    folder.mkdir()
+    shutil.copy(str(FAKE_LIB), str(folder / "libnvidia-ml.so.1"))
+    shutil.copy(str(fake_node.scenario), str(folder / "scenario.txt"))
+    os.chmod(folder, 0o755)
+    return folder / "libnvidia-ml.so.1"
+
+
+@pytest.fixture
+def fake_node(tmp_path):
+    build_fake_nvml()
+    with FakeNode(tmp_path / "node", foreign={3: 2 * GIB}) as node:
+        yield node
+
+
+def test_seed_node_end_to_end_over_ssh(env, remote_lib, fake_node):
+    code, targets, err = _run(env, "node", "--nvml-lib", str(remote_lib), expect=1)
+    (t,) = targets
+    assert t["target"] == "ssh:node" and t["status"] == "ok"
+    assert len(t["gpus"]) == 8 and all(g["total_bytes"] == TOTAL for g in t["gpus"])
+    assert [g["rank"] for g in t["gpus"]] == ["TP{}".format(i) for i in range(8)]
+    codes = {f["code"] for f in t["findings"]}
+    assert {"unused_gpu_memory", "foreign_gpu_process", "mem_fraction_semantics", "draft_in_reserve"} <= codes
+    assert t["startup"]["budget"]["predicted_tokens"] == 159294
+    assert "sk-do-not-print" not in json.dumps(t)
+    rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
+    assert rec["basis"] == "measured"
+
+
+def test_same_report_as_on_the_node(env, remote_lib, fake_node, monkeypatch):
+    _, (remote,), _ = _run(env, "node", "--nvml-lib", str(remote_lib))
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(fake_node.scenario))
+    code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", str(remote_lib)])
+    (local,) = json.loads(out)["targets"]
+    assert remote["gpus"] == local["gpus"] and remote["findings"] == local["findings"]
+    assert remote["recommendations"] == local["recommendations"]
+
+
+def test_unknown_host_key_refused_then_accepted_and_remembered(env):
+    code, (t,), err = _run(env, "strangerhost", expect=3)
+    assert t["status"] == "host_key_refused"
+    msg = t["problems"][0]["message"]
+    assert "not a known host" in msg and "SHA256:" in msg and "--accept-new-host-keys" in msg
+    assert not (env["dir"] / "empty_known_hosts").exists()
+    code, (t,), err = _run(env, "strangerhost", "--accept-new-host-keys")
+    assert t["status"] in ("ok", "partial") and "recorded new host key" in err
+    text = (env["dir"] / "empty_known_hosts").read_text()
+    assert text.count("\n") == 1 and text.startswith("[127.0.0.1]:")
+    code, (t,), err = _run(env, "strangerhost")  # remembered: no flag needed now
+    assert t["status"] in ("ok", "partial") and "recorded" not in err
+
+
+def test_accept_new_from_ssh_config(env):
+    code, (t,), err = _run(env, "acceptnew")
+    assert t["status"] in ("ok", "partial")
+    assert (env["dir"] / "new_known_hosts").exists()
+
+
+def test_changed_host_key_is_always_refused(env, server, tmp_path):
+    other = keygen(tmp_path / "impostor")
+    kind, b64 = Path(str(other) + ".pub").read_text().split()[0:2]
+    env["known"].write_text("[127.0.0.1]:{} {} {}\n".format(server.port, kind, b64))
+    for extra in ((), ("--accept-new-host-keys",)):
+        code, (t,), err = _run(env, "node", *extra, expect=3)
+        assert t["status"] == "host_key_refused"
+        assert "CHANGED" in t["problems"][0]["message"] and "man-in-the-middle" in t["problems"][0]["message"]
+    assert env["known"].read_text().count("\n") == 1  # nothing was recorded
+
+
+def test_proxy_jump(env):
+    code, (t,), err = _run(env, "viajump")
+    assert t["status"] in ("ok", "partial") and t["target"] == "ssh:viajump"
+
+
+def test_wrong_key_is_auth_failed(env):
+    code, (t,), err = _run(env, "wrongkey", expect=3)
+    assert t["status"] == "auth_failed" and "no key was accepted" in t["problems"][0]["message"]
+
+
+def test_connection_refused(env, tmp_path):
+    from tests.sshd import free_port
+
+    port = free_port()
+    code, (t,), err = _run(env, "{}@127.0.0.1:{}".format(USER, port), expect=3)
+    assert t["status"] == "unreachable" and "refused" in t["problems"][0]["message"].lower()
+
+
+def test_silent_port_honours_the_deadline_and_spares_other_hosts(env):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # accept TCP, never say a word
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        start = time.monotonic()
+        code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "3", "--json", "--no-http",
+                                  "{}@127.0.0.1:{}".format(USER, listener.getsockname()[1]), "node"])
+        took = time.monotonic() - start
+    finally:
+        stop.set()
+        listener.close()
+    targets = json.loads(out)["targets"]
+    statuses = {t["target"]: t["status"] for t in targets}
+    assert statuses["ssh:node"] in ("ok", "partial")
+    silent = [t for t in targets if t["target"] != "ssh:node"][0]
+    assert silent["status"] == "unreachable"
+    assert code == 3 and took < 20  # the 3 s deadline, not a hang
+
+
+def test_remote_without_python3(env):
+    code, (t,), err = _run(env, "nopython", expect=3)
+    assert t["status"] == "error" and "no python3" in t["problems"][0]["message"]
+
+
+@pytest.mark.parametrize("value", ["/tmp/kvf-x;touch /tmp/kvf-owned-1", "$(touch /tmp/kvf-owned-2)", "`touch /tmp/kvf-owned-3`"])
+def test_hostile_log_paths_are_data(env, value):
+    code, (t,), err = _run(env, "node", "--log", value)
+    assert t["status"] in ("ok", "partial")
+    assert not any(Path("/tmp/kvf-owned-{}".format(i)).exists() for i in (1, 2, 3))
+    assert any(p["code"].startswith("engine_log.") and "no such file" in p["message"] for p in t["problems"])
+
+
+def test_hostile_journal_unit_is_refused_before_connecting(env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "node", "--log", "journal:x;touch owned"])
+    assert code == 2 and not (tmp_path / "owned").exists()
+
+
+def _listing():
+    paths = set()
+    home = os.path.expanduser("~")
+    for base in ("/tmp", home, "/var/tmp", "/dev/shm"):
+        try:
+            for name in os.listdir(base):
+                paths.add(os.path.join(base, name))
+        except OSError:
+            continue
+    return paths
+
+
+def test_nothing_left_on_the_remote(env):
+    before = _listing()
+    code, (t,), err = _run(env, "node")
+    after = _listing()
+    assert t["status"] in ("ok", "partial")
+    assert after - before == set()
+
+
+def test_fleet_summary_and_hosts_file(env, tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# the fleet\nnode\nnode2  # same box\n\nwrongkey\n")
+    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--hosts-file", str(hosts), "--no-http",
+                              "--no-color", "--parallel", "3"])
+    assert code == 3
+    assert "3 host(s), 2 collected" in out
+    for host in ("node", "node2", "wrongkey"):
+        assert host in out
+    assert "auth_failed" in out
+    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--hosts-file", str(hosts), "--no-http",
+                              "--json"])
+    doc = json.loads(out)
+    assert [t["target"] for t in doc["targets"]] == ["ssh:node", "ssh:node2", "ssh:wrongkey"]
+
+
+def test_probe_is_one_round_trip_and_reproducible():
+    from agent import probe
+
+    a, b = probe.build({"http": False}), probe.build({"http": False})
+    assert a.script == b.script and a.code_sha256 == b.code_sha256
+    assert probe.REMOTE_COMMAND == "python3 -I -"
