@@ -391,7 +391,7 @@ def fleet_rows(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, 
                      "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
                      _gib(unused) if unused else "—",
                      "{} {}".format(worst.severity, worst.code) if worst else "—"))
-    for target, status, code, message in failures:
+    for target, status, _code, message in failures:
         rows.append((target, status, "—", "—", "—", "—", "—", message))
     return rows
 
