@@ -45,6 +45,7 @@ bench: $(STAMP)
 	@echo ">> benchmarks (results: bench/RESULTS.md)"
 	$(BIN)/python bench/bench_analyze.py
 	$(BIN)/python bench/bench_inspect.py
+	$(BIN)/python bench/bench_fleet.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache bench/out

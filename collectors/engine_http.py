@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.error
-import urllib.request
 from typing import Any, Dict, Optional
 
 from collectors.redact import redact_mapping
@@ -47,6 +45,9 @@ def parse_metrics(text: str) -> Dict[str, float]:
 
 
 def _get(url: str) -> Optional[bytes]:
+    import urllib.error  # here, not at the top: only hosts running an engine pay for it
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:  # noqa: S310 - loopback only
             return resp.read(4 << 20)

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from collectors import engine_http, engine_logs, engines, host_memory, model_config, nvml, procfs
+from collectors import engines, host_memory, nvml, procfs
 from collectors.redact import redact_argv
 
 SCHEMA = "kvforensics.snapshot/1"
@@ -95,15 +95,26 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
     server = engine.get("server") if engine else None
     args = engine.get("server_args", {}) if engine else {}
 
-    def log_section() -> Dict[str, Any]:
-        if log:
-            return engine_logs.collect(engine_logs.parse_spec(log), None, startup)
-        spec, reason = engine_logs.spec_for(server)
-        return engine_logs.collect(spec, reason, startup)
+    # Log parsing (dozens of regexes), HTTP and config reading are imported only when there is
+    # something to read: on a host without an engine the probe starts ~40 ms sooner (bench/).
+    if log or server is not None:
+        from collectors import engine_logs
 
-    snap["engine_log"] = _run(engine_logs.NAME, log_section, runs, strict)
+        def log_section() -> Dict[str, Any]:
+            if log:
+                return engine_logs.collect(engine_logs.parse_spec(log), None, startup)
+            spec, reason = engine_logs.spec_for(server)
+            return engine_logs.collect(spec, reason, startup)
+
+        snap["engine_log"] = _run(engine_logs.NAME, log_section, runs, strict)
+    else:
+        snap["engine_log"] = {"status": "absent", "source": None, "lines": [], "index": None, "count": None,
+                              "index_from_end": None, "notes": [], "problems": [
+                                  {"code": "engine_log.not_found", "message": "no SGLang server process found"}]}
 
     def config_section() -> Dict[str, Any]:
+        from collectors import model_config
+
         path = model_config_path
         if path is None and args.get("model_path"):
             env = _env_hint(root, server["pid"]) if server else {}
@@ -112,8 +123,6 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
                 return {"status": "absent", "path": None, "config": None, "problems": [{
                     "code": "model_config.not_found",
                     "message": "no config.json for --model-path {} (pass --model-config)".format(args["model_path"])}]}
-        if path is None:
-            return {"status": "absent", "path": None, "config": None, "problems": []}
         try:
             return {"status": "ok", "path": model_config.find_config(path) or path,
                     "config": model_config.load_model_config(path), "problems": []}
@@ -121,9 +130,13 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
             return {"status": "failed", "path": path, "config": None,
                     "problems": [{"code": "model_config.unreadable", "message": str(exc)}]}
 
-    snap["model_config"] = _run(model_config.NAME,
-                                config_section, runs, strict)
+    if model_config_path or args.get("model_path"):
+        snap["model_config"] = _run("model_config", config_section, runs, strict)
+    else:
+        snap["model_config"] = {"status": "absent", "path": None, "config": None, "problems": []}
     if http and engine is not None and server is not None:
+        from collectors import engine_http
+
         snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args), runs, strict)
     else:
         snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {}, "problems": []}

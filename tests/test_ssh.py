@@ -125,8 +125,14 @@ def test_same_report_as_on_the_node(env, remote_lib, fake_node, monkeypatch):
     monkeypatch.setenv("FAKE_NVML_SCENARIO", str(fake_node.scenario))
     code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", str(remote_lib)])
     (local,) = json.loads(out)["targets"]
-    assert remote["gpus"] == local["gpus"] and remote["findings"] == local["findings"]
-    assert remote["recommendations"] == local["recommendations"]
+    # host RAM moves between two live looks; everything else must be identical
+    def steady(items, key):
+        return [x for x in items if not (x[key].startswith("host_ram") or x[key].startswith("--enable-hierarchical"))]
+
+    assert remote["gpus"] == local["gpus"]
+    assert steady(remote["findings"], "code") == steady(local["findings"], "code")
+    assert steady(remote["recommendations"], "flag") == steady(local["recommendations"], "flag")
+    assert [f["code"] for f in remote["findings"]] == [f["code"] for f in local["findings"]]
 
 
 def test_unknown_host_key_refused_then_accepted_and_remembered(env):
