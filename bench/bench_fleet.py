@@ -73,7 +73,8 @@ def main() -> int:
         "| `kvforensics inspect --parallel {} --json` (probe runs every collector) | {:.2f} s | {:.2f} |".format(PARALLEL, kvf, kvf / peer),
         "| `xargs -P {} ssh HOST python3 -c pass` (OpenSSH) | {:.2f} s | 1.00 |".format(PARALLEL, peer),
         "", "Per host: one exec round trip, {:,} bytes sent (the probe: collectors + pynvml, zipped, base64). "
-        "Best of {} runs; sshd and both clients share the same 2 cores.".format(sent, RUNS), ""])
+        "Best of {} runs; sshd and both clients share the same 2 cores. This host has no NVIDIA driver, so the "
+        "probe skips compiling pynvml; where a driver exists that adds ~50 ms of CPU per host.".format(sent, RUNS), ""])
     print(text)
     with open(ROOT / "bench" / "RESULTS.md", "a", encoding="utf-8") as f:
         f.write(text)
