@@ -193,13 +193,17 @@ def _load_key(path: str, interactive: bool, notes: List[str]) -> Optional[parami
         return None
     try:
         return paramiko.PKey.from_path(path)
-    except paramiko.PasswordRequiredException:
+    except (paramiko.PasswordRequiredException, TypeError) as exc:
+        # paramiko raises TypeError ("password-protected") for OpenSSH-format encrypted keys
+        if isinstance(exc, TypeError) and "password" not in str(exc).lower():
+            notes.append("could not read {}: {}".format(path, exc))
+            return None
         if not interactive:
             notes.append("skipped {}: it needs a passphrase and this is not a terminal".format(path))
             return None
         try:
             return paramiko.PKey.from_path(path, getpass.getpass("Passphrase for {}: ".format(path)).encode())
-        except (paramiko.SSHException, ValueError) as exc:
+        except (paramiko.SSHException, ValueError, TypeError) as exc:
             notes.append("could not unlock {}: {}".format(path, exc))
             return None
     except (paramiko.SSHException, ValueError, OSError) as exc:

@@ -277,3 +277,75 @@ def test_probe_is_one_round_trip_and_reproducible():
     a, b = probe.build({"http": False}), probe.build({"http": False})
     assert a.script == b.script and a.code_sha256 == b.code_sha256
     assert probe.REMOTE_COMMAND == "python3 -I -"
+
+
+def test_probe_answer_checks():
+    from agent import probe
+    from collectors.probe import MARKER, canonical
+
+    p = probe.build({})
+    snap = {"schema": "kvforensics.snapshot/1", "x": 1}
+    import hashlib
+
+    good = {"version": 1, "code_sha256": p.code_sha256, "snapshot": snap,
+            "checksum": hashlib.sha256(canonical(snap).encode()).hexdigest()}
+    noisy = b"Welcome to gpu-07\nLast login: today\n" + (MARKER + canonical(good)).encode() + b"\nbye\n"
+    assert probe.parse_answer(noisy, p) == snap
+    for change, code in (({"checksum": "0" * 64}, "probe.checksum"), ({"version": 99}, "probe.version"),
+                         ({"code_sha256": "f" * 64}, "probe.code_mismatch")):
+        bad = dict(good, **change)
+        with pytest.raises(probe.ProbeError) as exc:
+            probe.parse_answer((MARKER + canonical(bad)).encode(), p)
+        assert exc.value.code == code
+    with pytest.raises(probe.ProbeError) as exc:
+        probe.parse_answer(b"bash: line 1: oops\n", p)
+    assert exc.value.code == "probe.no_answer"
+
+
+def test_encrypted_key_is_never_prompted_for_in_batch_use(env, server, tmp_path, keys):
+    import subprocess
+
+    locked = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f", str(locked)], check=True)
+    cfg = client_config(tmp_path / "cfg_locked", {"locked": _host(server, locked, env["known"])})
+    code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--json", "--no-http", "--timeout", "10", "locked"])
+    (t,) = json.loads(out)["targets"]
+    assert t["status"] == "auth_failed"
+    assert "needs a passphrase and this is not a terminal" in t["problems"][0]["message"]
+
+
+def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node):
+    """An unprivileged user sees the root-owned engine's command line but not its stdout."""
+    import subprocess
+    import tempfile
+
+    from agent import probe
+
+    if os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs root to start a probe as another user, and /usr/bin/python3")
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    folder = tempfile.mkdtemp(prefix="kvf-nobody-")
+    try:
+        os.chmod(folder, 0o755)
+        shutil.copy(str(FAKE_LIB), os.path.join(folder, "libnvidia-ml.so.1"))
+        shutil.copy(str(fake_node.scenario), os.path.join(folder, "scenario.txt"))
+        for name in os.listdir(folder):
+            os.chmod(os.path.join(folder, name), 0o755)
+        p = probe.build({"nvml_lib": os.path.join(folder, "libnvidia-ml.so.1"), "http": False})
+        proc = subprocess.run(["/usr/bin/python3", "-I", "-"], input=p.script, capture_output=True, timeout=60, cwd=folder,
+                              preexec_fn=lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid)))
+        snap = probe.parse_answer(proc.stdout, p)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert len(snap["nvml"]["gpus"]) == 8
+    assert snap["engines"]["engines"][0]["server"]["pid"] == fake_node.server_pid
+    problem = snap["engine_log"]["problems"][0]["message"]
+    assert "not readable: run as its user or root" in problem
+    from agent.reconcile import inspect_snapshot
+    from agent.records import Options
+
+    insp = inspect_snapshot(snap, "ssh:test", Options())
+    assert any(f.code == "engine_log_missing" for f in insp.findings)
+    assert all(g.rank is not None for g in insp.gpus)  # GPUs still mapped to ranks from the process table
