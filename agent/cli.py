@@ -117,6 +117,7 @@ def inspect(
     ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="OpenSSH client config to use (default ~/.ssh/config)."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown hosts' keys (like StrictHostKeyChecking accept-new); changed keys are always refused."),
     parallel: int = typer.Option(16, "--parallel", help="Hosts inspected at once."),
+    db: Optional[str] = typer.Option(None, "--db", help="History from kvforensics record, read for this node's recommendations (default as for record)."),
     timeout: float = typer.Option(30.0, "--timeout", help="Deadline per host, in seconds (connect, authenticate, probe)."),
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
 ) -> None:
@@ -195,7 +196,13 @@ def inspect(
         except OSError as exc:
             raise UsageProblem("--save {}: {}".format(save, exc)) from None
     for target, snap in snaps:
-        inspections.append(inspect_snapshot(snap, target, opts))
+        recorded = None
+        if target.startswith("local:"):
+            from agent import history as history_mod
+            from agent.record import current_stats
+
+            recorded = current_stats(db or history_mod.default_path(), snap)
+        inspections.append(inspect_snapshot(snap, target, opts, history=recorded))
     if as_json:
         errors = [json_report.error_target("ssh:" + t, status, code, message) for t, status, code, message in failures]
         sys.stdout.write(json_report.render_inspections(inspections, errors))
@@ -216,6 +223,136 @@ def inspect(
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
     if level is not None and any(severity_rank(f.severity) >= level for i in inspections for f in i.findings):
         raise typer.Exit(exitcodes.EXIT_FINDINGS)
+
+
+@app.command()
+def record(
+    db: Optional[str] = typer.Option(None, "--db", help="History database (default $KVFORENSICS_DB, /var/lib/kvforensics/history.db as root, else ~/.local/state/kvforensics/history.db)."),
+    prom_file: Optional[str] = typer.Option(None, "--prom-file", help="Write a Prometheus textfile here (atomically), for node_exporter's textfile collector."),
+    samples: int = typer.Option(1, "--samples", help="Snapshots to take in this run."),
+    interval: float = typer.Option(10.0, "--interval", help="Seconds between snapshots."),
+    keep: Optional[str] = typer.Option("30d", "--keep", help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps all."),
+    margin: float = typer.Option(2.0, "--margin", help="GiB to keep free for runtime activations when sizing recommendations."),
+    request_tokens: int = typer.Option(8192, "--request-tokens", help="Tokens per request for concurrency estimates."),
+    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load libnvidia-ml.so.1 from this path."),
+    log: Optional[str] = typer.Option(None, "--log", help="The engine's log: PATH, journal:UNIT or docker:NAME."),
+    model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json or model directory."),
+    http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (for cron)."),
+) -> None:
+    """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
+    from agent import history
+    from agent import record as record_mod
+    from agent.records import Options
+    from collectors import snapshot
+    from collectors.engine_logs import LogSpecError, parse_spec
+    from reports import prometheus
+
+    if samples < 1 or interval < 0:
+        raise UsageProblem("--samples must be >= 1 and --interval >= 0")
+    keep_s = None
+    if keep and keep != "forever":
+        try:
+            keep_s = history.parse_duration(keep)
+        except ValueError as exc:
+            raise UsageProblem("--keep: {}".format(exc)) from None
+    if log is not None:
+        try:
+            parse_spec(log)
+        except LogSpecError as exc:
+            raise UsageProblem(str(exc)) from None
+    path = db or history.default_path()
+    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
+
+    def collect():
+        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http)
+
+    try:
+        with history.Lock(path):
+            result = record_mod.record(path, collect, opts, samples, interval, keep_s,
+                                       target="local:{}".format(__import__("socket").gethostname()))
+    except history.Busy as exc:
+        sys.stderr.write("kvforensics: {}\n".format(exc))
+        return
+    except history.HistoryError as exc:
+        raise UsageProblem(str(exc)) from None
+    if result.moved_aside:
+        sys.stderr.write("kvforensics: the history file was not usable and was moved aside to {}; started a new "
+                         "one at {}\n".format(result.moved_aside, path))
+    if prom_file:
+        lows = {lw.gpu: lw for lw in result.stats.gpus}
+        try:
+            prometheus.write(prom_file, prometheus.registry(result.inspection, lows, result.stats.samples, opts.margin_bytes))
+        except OSError as exc:
+            raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
+    if not quiet:
+        st = result.stats
+        low = min((lw.min_free_bytes for lw in st.gpus if lw.min_free_bytes is not None and lw.rank), default=None)
+        sys.stdout.write("recorded {} sample(s) into {} (run {}: {} samples{}){}{}\n".format(
+            result.samples_written, path, st.run_key, st.samples,
+            ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else "",
+            "; pruned {}".format(result.pruned) if result.pruned else "",
+            "; wrote {}".format(prom_file) if prom_file else ""))
+    if result.inspection.collected_nothing:
+        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
+
+
+@app.command("history")
+def history_cmd(
+    db: Optional[str] = typer.Option(None, "--db", help="History database (default as for record)."),
+    since: str = typer.Option("7d", "--since", help="Window: 7d, 12h, 90m, 2w."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema kvforensics.history/1)."),
+    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off."),
+) -> None:
+    """Show recorded history: per GPU and rank the low-water free memory, peak KV usage, a plot."""
+    import json
+    import time
+
+    from agent import history
+    from reports import history_report
+
+    try:
+        window = history.parse_duration(since)
+    except ValueError as exc:
+        raise UsageProblem("--since: {}".format(exc)) from None
+    path = db or history.default_path()
+    try:
+        opened = history.open_db(path, create=False)
+    except history.HistoryError as exc:
+        raise UsageProblem(str(exc)) from None
+    try:
+        start = time.time() - window
+        runs = [history.run_stats(opened.conn, rid, since=start) for rid in history.runs(opened.conn, since=start)]
+        plots = {}
+        for r in runs:
+            for lw in r.gpus:
+                plots.setdefault(lw.gpu, [v for _, v in history.series(opened.conn, lw.gpu, since=start)])
+    finally:
+        opened.conn.close()
+    if as_json:
+        sys.stdout.write(json.dumps(history_report.to_json(path, since, runs), indent=2) + "\n")
+    else:
+        width = max(80, shutil.get_terminal_size((120, 24)).columns)
+        sys.stdout.write(history_report.render(path, since, runs, plots, color=_use_color(color), width=width))
+
+
+@app.command()
+def watch(
+    interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes."),
+    count: int = typer.Option(0, "--count", help="Stop after this many refreshes (0 = until Ctrl-C)."),
+    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load libnvidia-ml.so.1 from this path."),
+    http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for KV usage."),
+    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off."),
+) -> None:
+    """Live view: free memory per GPU with a sparkline, and the engine's KV usage. Ctrl-C leaves."""
+    from agent import watch as watch_mod
+
+    if interval <= 0 or count < 0:
+        raise UsageProblem("--interval must be > 0 and --count >= 0")
+    try:
+        watch_mod.run(interval, count, nvml_lib, http, color=_use_color(color))
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

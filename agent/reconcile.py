@@ -70,6 +70,7 @@ class Inspection:
     recommendations: Tuple[Recommendation, ...] = ()
     collected_nothing: bool = False
     engine_pids: Tuple[int, ...] = field(default_factory=tuple)
+    history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
 
 
 def _short(cmd: List[str]) -> str:
@@ -162,7 +163,9 @@ def _gpu_ledger(gpu: Dict[str, Any], procs: Dict[str, Any], scheduler_ranks: Dic
                            for p in gpu.get("problems", [])))
 
 
-def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options) -> Inspection:
+def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options, history: Optional[Any] = None) -> Inspection:
+    """``history``: the current engine run's recorded samples; recommendations then rest on the
+    run's low-water free memory instead of one look."""
     problems: List[Problem] = []
     for key in ("nvml", "host_memory", "engines", "engine_log", "model_config", "engine_http"):
         for p in (snap.get(key) or {}).get("problems", []):
@@ -199,7 +202,7 @@ def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options) -> Inspec
             or any(g.status != "ok" for g in gpus):
         status = "partial"
     insp = Inspection(target, status, tuple(problems), snap, analysis, gpus, host, opts,
-                      collected_nothing=nothing, engine_pids=tuple(sorted(engine_pids)))
+                      collected_nothing=nothing, engine_pids=tuple(sorted(engine_pids)), history=history)
     found = _findings(insp, engine)
     recs = _recommendations(insp)
     return replace(insp, findings=tuple(found), recommendations=tuple(recs))
@@ -259,27 +262,58 @@ def _min_free(insp: Inspection) -> Optional[GpuLedger]:
     return min(gpus, key=lambda g: g.free_bytes or 0) if gpus else None
 
 
+def _span(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return "{:.0f} days".format(seconds / 86400)
+    if seconds >= 2 * 3600:
+        return "{:.0f} hours".format(seconds / 3600)
+    return "{:.0f} minutes".format(seconds / 60)
+
+
+def lowest_free(insp: Inspection) -> Optional[Tuple[GpuLedger, int, str]]:
+    """(GPU, lowest free bytes, how it was measured) over the engine's GPUs.
+
+    With recorded history for this engine run (at least two samples), the run's low-water
+    mark; otherwise NVML now."""
+    now = _min_free(insp)
+    if now is None or now.free_bytes is None:
+        return None
+    h = insp.history
+    if h is not None and h.samples >= 2:
+        engine_idx = {g.index: g for g in _engine_gpus(insp)}
+        marks = [(lw.min_free_bytes, engine_idx[lw.gpu]) for lw in h.gpus
+                 if lw.gpu in engine_idx and lw.min_free_bytes is not None]
+        if marks:
+            value, gpu = min(marks, key=lambda m: m[0])
+            if now.free_bytes < value:
+                value, gpu = now.free_bytes, now
+            return gpu, value, "measured over {}, {:,} samples: lowest free {} on GPU {}".format(
+                _span(h.span_s), h.samples, gib(value), gpu.index)
+    return now, now.free_bytes, "NVML now: {} free on GPU {}".format(gib(now.free_bytes), now.index)
+
+
 def _unused(insp: Inspection) -> List[Finding]:
-    low = _min_free(insp)
-    if low is None or low.free_bytes is None:
+    found = lowest_free(insp)
+    if found is None:
         return []
+    low, free, how = found
     margin = insp.options.margin_bytes
-    spare = low.free_bytes - margin
+    spare = free - margin
     n = len(_engine_gpus(insp))
     if spare < UNUSED_WARN_BYTES:
-        if low.free_bytes < margin:
-            return [Finding("low_headroom", "warning", "Only {} free on GPU {} now, below the {} margin".format(
-                gib(low.free_bytes), low.index, gib(margin)),
-                "Out-of-memory errors under load are likely; give memory back with a lower --mem-fraction-static.",
-                low.free_bytes, ("nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(low.index),))]
+        if free < margin:
+            return [Finding("low_headroom", "warning", "Only {} free on GPU {}, below the {} margin".format(
+                gib(free), low.index, gib(margin)),
+                "{}. Out-of-memory errors under load are likely; give memory back with a lower "
+                "--mem-fraction-static.".format(how), free,
+                ("nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(low.index),))]
         return []
     cell = _cell(insp)
     tokens = " ≈ {:,} more KV tokens per rank".format(spare // cell) if cell else ""
     return [Finding("unused_gpu_memory", "warning",
-                    "{} unused on each of the engine's {} GPU(s) right now".format(gib(spare), n),
-                    "The least free engine GPU is GPU {} ({} {}) with {} free (NVML, now); SGLang sizes every "
-                    "rank alike, so that minimum is what can be given to the KV pool. Minus the {} margin: {}{}."
-                    .format(low.index, low.rank, low.name or "", gib(low.free_bytes), gib(margin), gib(spare), tokens),
+                    "{} unused on each of the engine's {} GPU(s)".format(gib(spare), n),
+                    "{} ({} {}). SGLang sizes every rank alike, so the least free GPU is what can be given to the KV "
+                    "pool. Minus the {} margin: {}{}.".format(how, low.rank, low.name or "", gib(margin), gib(spare), tokens),
                     spare, ("nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(low.index),))]
 
 
@@ -414,21 +448,23 @@ def _recommendations(insp: Inspection) -> List[Recommendation]:
     if a.failed is not None:
         return list(a.recommendations)
     b = a.budget
-    low = _min_free(insp)
-    if low is not None and low.free_bytes is not None and b.mfs is not None and b.pre_min_bytes and b.cell_bytes:
-        spare = low.free_bytes - insp.options.margin_bytes
+    found = lowest_free(insp)
+    if found is not None and b.mfs is not None and b.pre_min_bytes and b.cell_bytes:
+        low, free, how = found
+        spare = free - insp.options.margin_bytes
         if spare >= UNUSED_WARN_BYTES or spare < 0:
             new = math.floor((b.mfs + spare / b.pre_min_bytes) * 1000) / 1000
             gain = int((new - b.mfs) * b.pre_min_bytes)
             tokens = gain // b.cell_bytes if gain >= 0 else -((-gain) // b.cell_bytes)
+            caveat = ("" if insp.history is not None and insp.history.samples >= 2 else
+                      " One look at the GPUs: under heavier load free memory can dip lower (kvforensics record keeps "
+                      "low-water marks).")
             out.append(Recommendation(
                 "--mem-fraction-static", "{:.3f}".format(new), gain, tokens, "measured",
-                "GPU {} has the least free memory of the engine's GPUs: {} now (NVML) − {} margin = {}; "
-                "({:.3f} − {:g}) × pre-load free {} (log) = {} {} KV = {:,} tokens per rank at {:,} B/token. One "
-                "look at the GPUs: under heavier load free memory can dip lower (kvforensics record keeps "
-                "low-water marks).".format(low.index, gib(low.free_bytes), gib(insp.options.margin_bytes), gib(spare),
-                                           new, b.mfs, gib(b.pre_min_bytes), gib(abs(gain)),
-                                           "more" if gain >= 0 else "less", tokens, b.cell_bytes),
+                "{} → {} {} keeping the {} margin → --mem-fraction-static {:.3f} ((Δ {:+.3f}) × pre-load free {} "
+                "from the log) → {:+,} tokens per rank at {:,} B/token.{}".format(
+                    how, "reclaim" if spare >= 0 else "give back", gib(abs(spare)), gib(insp.options.margin_bytes),
+                    new, new - b.mfs, gib(b.pre_min_bytes), tokens, b.cell_bytes, caveat),
                 gain_requests(a, tokens)))
     out.extend(r for r in a.recommendations if r.flag in ("--max-running-requests", "--cuda-graph-max-bs",
                                                           "--kv-cache-dtype"))

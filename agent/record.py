@@ -1,0 +1,129 @@
+"""``kvforensics record``: sample this node, append to the history, export a Prometheus textfile.
+
+Meant for cron or a systemd timer on every inference node (deploy/). Each run takes
+``--samples`` snapshots ``--interval`` seconds apart (catching peaks between cron runs),
+stores them under the current engine run, prunes samples older than ``--keep``, and writes
+the textfile once, at the end, atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from agent import history
+from agent.reconcile import Inspection, inspect_snapshot
+from agent.records import Options
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    inspection: Inspection
+    stats: history.RunStats
+    samples_written: int
+    pruned: int
+    moved_aside: Optional[str]
+
+
+def boot_id(root: str = "/") -> str:
+    try:
+        with open(os.path.join(root, "proc", "sys", "kernel", "random", "boot_id")) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+def run_key(snap: Dict[str, Any]) -> str:
+    """One engine run = one server process lifetime: boot id + PID + process start time.
+
+    A restart (new flags, a crash loop) is a new process, hence a new run with fresh
+    low-water marks. Without an engine, samples go to a per-boot "no engine" run.
+    """
+    engines = (snap.get("engines") or {}).get("engines") or []
+    server = engines[0].get("server") if engines else None
+    if server is None and engines and engines[0].get("schedulers"):
+        server = engines[0]["schedulers"][0]
+    if server is None:
+        return "no-engine:{}".format(boot_id())
+    raw = "{}:{}:{}".format(boot_id(), server["pid"], server.get("start_time_s"))
+    return "sglang:" + hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
+    a = insp.analysis
+    metrics = (insp.snapshot.get("engine_http") or {}).get("metrics") or {}
+    if a is None and not metrics:
+        return None
+
+    def num(key: str) -> Optional[float]:
+        return metrics.get(key)
+
+    used = num("sglang:num_used_tokens")
+    running, queued = num("sglang:num_running_reqs"), num("sglang:num_queue_reqs")
+    return {"kv_tokens": a.summary.max_total_num_tokens if a else None,
+            "used_tokens": int(used) if used is not None else None, "token_usage": num("sglang:token_usage"),
+            "running": int(running) if running is not None else None,
+            "queued": int(queued) if queued is not None else None}
+
+
+def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, samples: int = 1,
+           interval_s: float = 0.0, keep_s: Optional[float] = None, target: str = "local") -> RecordResult:
+    """Take ``samples`` snapshots into the history. The caller holds ``history.Lock``."""
+    opened = history.open_db(db_path)
+    conn = opened.conn
+    written = 0
+    insp: Optional[Inspection] = None
+    run_id = -1
+    try:
+        for i in range(samples):
+            if i:
+                time.sleep(interval_s)
+            snap = collect()
+            insp = inspect_snapshot(snap, target, opts)
+            now = time.time()
+            a = insp.analysis
+            key = run_key(snap)
+            engines = (snap.get("engines") or {}).get("engines") or []
+            args = engines[0].get("server_args", {}) if engines else {}
+            run_id = history.upsert_run(
+                conn, key, now, host=snap.get("hostname"),
+                engine="sglang-{}".format(args.get("port", 30000)) if engines else None,
+                started_at=None, version_hint=a.era.hint if a else None,
+                model=str(args.get("model_path")) if args.get("model_path") else None,
+                mem_fraction_static=a.budget.mfs if a else None, pre_load_free_bytes=a.budget.pre_min_bytes if a else None,
+                bytes_per_token=a.budget.cell_bytes if a else None)
+            gpus: List[Dict[str, Any]] = []
+            for g in insp.gpus:
+                engine_used = sum(p.used_bytes or 0 for p in g.processes if p.owner == "engine") if g.rank else None
+                gpus.append({"gpu": g.index, "uuid": g.uuid, "rank": g.rank, "total_bytes": g.total_bytes,
+                             "reserved_bytes": g.reserved_bytes, "used_bytes": g.used_bytes, "free_bytes": g.free_bytes,
+                             "engine_used_bytes": engine_used})
+            collected = not insp.collected_nothing
+            history.add_sample(conn, run_id, now, collected, gpus, _engine_row(insp))
+            written += 1
+        pruned = history.prune(conn, time.time() - keep_s) if keep_s else 0
+        stats = history.run_stats(conn, run_id)
+        assert insp is not None
+        # Findings and recommendations now rest on the run's history, not only the last look.
+        insp = inspect_snapshot(insp.snapshot, target, opts, history=stats)
+        return RecordResult(insp, stats, written, pruned, opened.moved_aside)
+    finally:
+        conn.close()
+
+
+def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunStats]:
+    """The recorded history of the engine run ``snap`` belongs to, if any (read-only)."""
+    if not os.path.exists(db_path):
+        return None
+    try:
+        opened = history.open_db(db_path, create=False)
+    except history.HistoryError:
+        return None
+    try:
+        rid = history.run_id_for(opened.conn, run_key(snap))
+        return history.run_stats(opened.conn, rid) if rid is not None else None
+    finally:
+        opened.conn.close()

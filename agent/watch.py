@@ -1,0 +1,32 @@
+"""``kvforensics watch``: refresh a live view until Ctrl-C (or ``--count`` refreshes)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Deque, Dict, Optional
+
+
+def run(interval: float, count: int, nvml_lib: Optional[str], http: bool, color: bool) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    from agent.reconcile import inspect_snapshot
+    from agent.records import Options
+    from collectors import snapshot
+    from reports import watch_view
+
+    history: Dict[int, Deque[Optional[int]]] = {}
+    console = Console(force_terminal=color, no_color=not color, highlight=False)
+    refreshes = 0
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            snap = snapshot.collect(nvml_lib=nvml_lib, http=http)
+            insp = inspect_snapshot(snap, "local:{}".format(snap.get("hostname")), Options())
+            for g in insp.gpus:
+                history.setdefault(g.index, collections.deque(maxlen=60)).append(g.free_bytes)
+            live.update(watch_view.view(insp, history, interval), refresh=True)
+            refreshes += 1
+            if count and refreshes >= count:
+                return
+            time.sleep(interval)

@@ -1,0 +1,101 @@
+"""Prometheus textfile for node_exporter's textfile collector.
+
+Base units (bytes, seconds), the ``kvforensics_`` prefix, no timestamps (the textfile
+collector rejects them), no PID labels (they churn). Labels: ``gpu`` (index), ``uuid``,
+``engine`` (``sglang-<port>``), ``rank`` (``TP3``), ``collector``, ``code``, ``severity``.
+Written with prometheus-client's ``write_to_textfile``: a temp file renamed into place, so a
+scrape never sees half a file.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+from agent.reconcile import Inspection
+
+PREFIX = "kvforensics_"
+
+
+def engine_label(insp: Inspection) -> Optional[str]:
+    engines = (insp.snapshot.get("engines") or {}).get("engines") or []
+    if not engines:
+        return None
+    port = engines[0].get("server_args", {}).get("port", 30000)
+    return "sglang-{}".format(port)
+
+
+def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, samples: Optional[int] = None,
+             margin_bytes: int = 0):
+    """A CollectorRegistry holding one node's metrics. ``low_water``: gpu -> GpuLowWater."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    reg = CollectorRegistry()
+
+    def gauge(name: str, doc: str, labels=()):
+        return Gauge(PREFIX + name, doc, list(labels), registry=reg)
+
+    gpu_labels = ("gpu", "uuid")
+    total = gauge("gpu_memory_total_bytes", "GPU memory, from nvmlDeviceGetMemoryInfo_v2 total.", gpu_labels)
+    reserved = gauge("gpu_memory_reserved_bytes", "Memory the driver reserves (nvmlDeviceGetMemoryInfo_v2).", gpu_labels)
+    used = gauge("gpu_memory_used_bytes", "Used GPU memory, without the driver reserve (nvmlDeviceGetMemoryInfo_v2).", gpu_labels)
+    free = gauge("gpu_memory_free_bytes", "Free GPU memory now (nvmlDeviceGetMemoryInfo_v2).", gpu_labels)
+    up = gauge("gpu_up", "1 if NVML answers for this GPU, 0 if it is lost.", gpu_labels)
+    low = gauge("gpu_memory_free_low_water_bytes", "Lowest free GPU memory seen in the current engine run (kvforensics record history).",
+                ("gpu", "uuid", "engine", "rank"))
+    engine = engine_label(insp)
+    for g in insp.gpus:
+        labels = (str(g.index), g.uuid or "")
+        up.labels(*labels).set(0 if g.status == "lost" else 1)
+        for metric, value in ((total, g.total_bytes), (reserved, g.reserved_bytes), (used, g.used_bytes), (free, g.free_bytes)):
+            if value is not None:  # unknown is absent, never 0
+                metric.labels(*labels).set(value)
+        lw = (low_water or {}).get(g.index)
+        if lw is not None and lw.min_free_bytes is not None and engine is not None:
+            low.labels(str(g.index), g.uuid or "", engine, g.rank or "").set(lw.min_free_bytes)
+    a = insp.analysis
+    if engine is not None and a is not None:
+        kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.", ("engine", "rank"))
+        for r in a.ranks:
+            if r.target.kv_bytes is not None:
+                kv_bytes.labels(engine, r.rank).set(r.target.kv_bytes)
+        if a.summary.max_total_num_tokens is not None:
+            gauge("engine_kv_pool_tokens", "KV pool capacity in tokens (max_total_num_tokens).", ("engine",)).labels(
+                engine).set(a.summary.max_total_num_tokens)
+    if engine is not None:
+        frees = [g.free_bytes for g in insp.gpus if g.rank is not None and g.free_bytes is not None]
+        if frees:
+            gauge("engine_unused_bytes", "Free memory on the engine's least-free GPU beyond the margin (what a higher "
+                  "--mem-fraction-static could give the KV pool).", ("engine",)).labels(engine).set(
+                max(0, min(frees) - margin_bytes))
+        if samples is not None:
+            gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",)).labels(engine).set(samples)
+    findings = gauge("findings", "Findings of the last run, by code and severity.", ("code", "severity"))
+    counts: Dict[tuple, int] = {}
+    for f in insp.findings:
+        counts[(f.code, f.severity)] = counts.get((f.code, f.severity), 0) + 1
+    for (code, severity), n in counts.items():
+        findings.labels(code, severity).set(n)
+    ok = gauge("collector_success", "0 if the collector failed; 1 if it ran (absent = nothing to collect is not a failure).", ("collector",))
+    dur = gauge("collector_duration_seconds", "Time the collector took.", ("collector",))
+    for run in insp.snapshot.get("collector_runs", []):
+        ok.labels(run["name"]).set(0 if run["status"] == "failed" else 1)
+        dur.labels(run["name"]).set(run["duration_s"])
+    hm = insp.host_memory
+    for key, doc in (("total_bytes", "Host RAM (MemTotal)."), ("available_bytes", "Host RAM available (MemAvailable, cgroup-bounded).")):
+        if hm.get(key) is not None:
+            gauge("host_memory_" + key, doc).set(hm[key])
+    gauge("last_success_timestamp_seconds", "When kvforensics record last completed (Unix time).").set(time.time())
+    return reg
+
+
+def write(path: str, reg) -> None:
+    from prometheus_client import write_to_textfile
+
+    write_to_textfile(path, reg)
+
+
+def render(reg) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(reg).decode("utf-8")

@@ -1,0 +1,33 @@
+"""The live view of ``kvforensics watch``: a pure function from the latest inspection to a table."""
+
+from __future__ import annotations
+
+from typing import Deque, Dict, Optional
+
+from agent.reconcile import Inspection
+from reports.history_report import sparkline
+
+GIB = 1 << 30
+
+
+def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: float):
+    from rich.table import Table
+
+    metrics = (insp.snapshot.get("engine_http") or {}).get("metrics") or {}
+    usage = metrics.get("sglang:token_usage")
+    running, queued = metrics.get("sglang:num_running_reqs"), metrics.get("sglang:num_queue_reqs")
+    caption = "refresh every {:g} s · Ctrl-C to leave".format(interval)
+    if usage is not None:
+        caption = "KV usage {:.0%} · running {} · queued {} · ".format(
+            usage, int(running or 0), int(queued or 0)) + caption
+    table = Table(title="kvforensics watch · {}".format(insp.target), caption=caption, title_justify="left")
+    for col, just in (("GPU", "right"), ("rank", "left"), ("used GiB", "right"), ("free GiB", "right"),
+                      ("free, last {} looks".format(max(len(h) for h in history.values()) if history else 0), "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for g in insp.gpus:
+        table.add_row(str(g.index), g.rank or "—", "—" if g.used_bytes is None else "{:.2f}".format(g.used_bytes / GIB),
+                      "—" if g.free_bytes is None else "{:.2f}".format(g.free_bytes / GIB),
+                      sparkline(list(history.get(g.index, [])), width=30))
+    if not insp.gpus:
+        table.add_row("—", "—", "—", "—", "no GPUs visible (" + "; ".join(p.message for p in insp.problems[:1]) + ")")
+    return table

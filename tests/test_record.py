@@ -1,0 +1,310 @@
+"""Cron mode: record into SQLite history, low-water marks, Prometheus textfile, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import history
+from tests.conftest import ROOT, run_cli
+from tests.fakenode import FAKE_LIB, GIB, FakeNode, build_fake_nvml
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    build_fake_nvml()
+    with FakeNode(tmp_path / "node") as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        yield n
+
+
+def _record(db, prom=None, *extra):
+    argv = ["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http"]
+    if prom is not None:
+        argv += ["--prom-file", str(prom)]
+    return run_cli(argv + list(extra))
+
+
+def _set_free(node, free_gib):
+    node.free = [int(f * GIB) for f in free_gib]
+    node.write_scenario()
+
+
+def test_low_water_marks_are_exact(node, tmp_path):
+    db = tmp_path / "h.db"
+    sequence = [[5.06] * 8, [5.06, 4.10, 5.06, 5.06, 3.20, 5.06, 5.06, 5.06], [5.5] * 8]
+    for free in sequence:
+        _set_free(node, free)
+        code, out, err = _record(db)
+        assert code == 0, err
+    code, out, err = run_cli(["history", "--db", str(db), "--json"])
+    doc = json.loads(out)
+    (run,) = doc["runs"]
+    assert run["samples"] == 3 and run["engine"] == "sglang-1" and run["kv_tokens"] == 159277
+    lows = {g["gpu"]: g["min_free_bytes"] for g in run["gpus"]}
+    assert lows == {i: min(int(s[i] * GIB) for s in sequence) for i in range(8)}
+    assert {g["gpu"]: g["last_free_bytes"] for g in run["gpus"]} == {i: int(5.5 * GIB) for i in range(8)}
+    assert [g["rank"] for g in run["gpus"]] == ["TP{}".format(i) for i in range(8)]
+
+
+def test_recommendation_rests_on_the_low_water_mark(node, tmp_path):
+    db = tmp_path / "h.db"
+    for free in ([5.06] * 8, [5.06] * 4 + [3.71] + [5.06] * 3, [5.06] * 8):
+        _set_free(node, free)
+        _record(db)
+    # inspect on the node reads the same history (read-only) and says so
+    code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", str(FAKE_LIB), "--db", str(db)])
+    t = json.loads(out)["targets"][0]
+    rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
+    assert "3 samples: lowest free 3.71 GiB on GPU 4" in rec["rationale"]
+    pre = int(round(94.04 * GIB))
+    assert float(rec["value"]) == int((0.88 + (int(3.71 * GIB) - 2 * GIB) / pre) * 1000) / 1000
+    unused = next(f for f in t["findings"] if f["code"] == "unused_gpu_memory")
+    assert unused["bytes"] == int(3.71 * GIB) - 2 * GIB
+
+
+def test_a_restart_starts_a_new_run(tmp_path, monkeypatch):
+    build_fake_nvml()
+    db = tmp_path / "h.db"
+    for i in range(2):
+        with FakeNode(tmp_path / "node{}".format(i)) as n:
+            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+            _record(db)
+    doc = json.loads(run_cli(["history", "--db", str(db), "--json"])[1])
+    assert len(doc["runs"]) == 2 and all(r["samples"] == 1 for r in doc["runs"])
+
+
+NAME_RULES = re.compile(r"^kvforensics_[a-z0-9_]+$")
+
+
+def test_textfile_parses_and_follows_the_naming_rules(node, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prom = tmp_path / "kvforensics.prom"
+    code, out, err = _record(tmp_path / "h.db", prom, "--samples", "2", "--interval", "0")
+    text = prom.read_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name, fam in families.items():
+        assert NAME_RULES.match(name), name
+        assert fam.type == "gauge"
+        assert fam.documentation
+        for s in fam.samples:
+            assert s.timestamp is None
+            assert "pid" not in s.labels
+    assert not re.search(r"^\S+\{[^}]*\} \S+ \d+$", text, re.M)  # no sample timestamps
+    def value(name, **labels):
+        return next(s.value for s in families[name].samples if all(s.labels.get(k) == v for k, v in labels.items()))
+    assert value("kvforensics_gpu_memory_total_bytes", gpu="3") == 97887 * (1 << 20)
+    assert value("kvforensics_gpu_memory_free_bytes", gpu="3") == int(5.06 * GIB)
+    assert value("kvforensics_gpu_memory_free_low_water_bytes", gpu="3", rank="TP3", engine="sglang-1") == int(5.06 * GIB)
+    assert value("kvforensics_engine_kv_pool_tokens", engine="sglang-1") == 159277
+    assert value("kvforensics_engine_kv_pool_bytes", engine="sglang-1", rank="TP0") == int(round(10.42 * GIB))
+    assert value("kvforensics_engine_unused_bytes", engine="sglang-1") == int(5.06 * GIB) - 2 * GIB
+    assert value("kvforensics_engine_run_samples", engine="sglang-1") == 2
+    assert value("kvforensics_findings", code="unused_gpu_memory", severity="warning") == 1
+    assert value("kvforensics_collector_success", collector="nvml") == 1
+    assert abs(value("kvforensics_last_success_timestamp_seconds") - time.time()) < 60
+    for name in families:
+        if name.endswith(("_bytes", "_seconds", "_tokens")):
+            continue
+        assert name in ("kvforensics_gpu_up", "kvforensics_findings", "kvforensics_collector_success",
+                        "kvforensics_engine_run_samples"), name
+
+
+def test_kill_9_mid_record_leaves_textfile_and_database_whole(node, tmp_path):
+    db, prom = tmp_path / "h.db", tmp_path / "k.prom"
+    _record(db, prom)
+    before = prom.read_text()
+    env = dict(node.env(), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "record", "--db", str(db), "--prom-file", str(prom),
+                             "--nvml-lib", str(FAKE_LIB), "--no-http", "--samples", "200", "--interval", "0"],
+                            env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    conn = sqlite3.connect(str(db))
+    while time.time() < deadline and conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] < 4:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    n = conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    assert n >= 4
+    # every sample row is complete: one gpu row per GPU
+    assert conn.execute("SELECT COUNT(*) FROM gpu_samples").fetchone()[0] == 8 * n
+    conn.close()
+    assert prom.read_text() == before  # the textfile is written once, at the end, by rename
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("k.prom.")]
+    code, out, err = _record(db, prom)  # and the next run carries on
+    assert code == 0 and prom.read_text() != ""
+
+
+def test_two_records_at_once(node, tmp_path):
+    db = tmp_path / "h.db"
+    env = dict(node.env(), PYTHONPATH=str(ROOT))
+    first = subprocess.Popen([sys.executable, "-m", "agent", "record", "--db", str(db), "--nvml-lib", str(FAKE_LIB),
+                              "--no-http", "--samples", "30", "--interval", "0.1"], env=env, cwd=str(ROOT),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = Path(str(db) + ".lock")
+    deadline = time.time() + 20
+    while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
+        time.sleep(0.05)
+    start = time.monotonic()
+    code, out, err = _record(db)
+    took = time.monotonic() - start
+    first.kill()
+    first.wait()
+    assert code == 0 and "another kvforensics record is running (PID {})".format(first.pid) in err
+    assert took < 5  # exits at once, does not wait
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"this is not a database at all" * 100, "unreadable as SQLite"),
+    ("foreign", "not a kvforensics history"),
+])
+def test_corrupt_or_foreign_database_is_moved_aside(node, tmp_path, content, why):
+    db = tmp_path / "h.db"
+    if content == "foreign":
+        other = sqlite3.connect(str(db))
+        other.execute("CREATE TABLE invoices (id INTEGER, amount REAL)")
+        other.execute("INSERT INTO invoices VALUES (1, 9.5)")
+        other.commit()
+        other.close()
+    else:
+        db.write_bytes(content)
+    original = db.read_bytes()
+    code, out, err = _record(db)
+    assert code == 0
+    assert "was not usable and was moved aside" in err and why in err
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("h.db.unusable-") and not p.name.endswith(("-wal", "-shm"))]
+    assert aside.read_bytes() == original  # never silently overwritten
+    assert json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]["samples"] == 1
+
+
+def test_read_only_location_is_a_clear_error(node):
+    code, out, err = _record("/proc/kvforensics/history.db")
+    assert code == 2 and "cannot create /proc/kvforensics" in err and err.count("\n") == 1
+
+
+def test_history_without_a_database(tmp_path):
+    code, out, err = run_cli(["history", "--db", str(tmp_path / "none.db")])
+    assert code == 2 and "no history yet" in err
+
+
+@pytest.mark.skipif(shutil.which("faketime") is None and not os.environ.get("CI"), reason="needs faketime (CI installs it)")
+def test_clock_going_backwards_does_not_break_windows(node, tmp_path):
+    db = tmp_path / "h.db"
+    env = dict(node.env(), PYTHONPATH=str(ROOT))
+    base = [sys.executable, "-m", "agent", "record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http"]
+    for offset, free in (("+0d", 5.06), ("-3d", 3.5), ("+0d", 4.0)):  # the middle run sees a clock 3 days behind
+        _set_free(node, [free] * 8)
+        cmd = (["faketime", "-f", offset] if offset != "+0d" else []) + base
+        proc = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    doc = json.loads(run_cli(["history", "--db", str(db), "--json", "--since", "1d"])[1])
+    (run,) = doc["runs"]
+    assert run["samples"] == 2  # the 3-days-ago sample is outside a 1-day window...
+    doc = json.loads(run_cli(["history", "--db", str(db), "--json", "--since", "7d"])[1])
+    assert doc["runs"][0]["samples"] == 3 and doc["runs"][0]["gpus"][0]["min_free_bytes"] == int(3.5 * GIB)
+    code, out, err = run_cli(["history", "--db", str(db), "--no-color"])
+    assert code == 0 and "3.50" in out
+
+
+def test_keep_prunes_old_samples(tmp_path):
+    opened = history.open_db(str(tmp_path / "h.db"))
+    run_id = history.upsert_run(opened.conn, "r", 1000.0)
+    for t in (1000.0, 2000.0, time.time()):
+        history.add_sample(opened.conn, run_id, t, True, [{"gpu": 0, "free_bytes": int(t)}], None)
+    assert history.prune(opened.conn, time.time() - 3600) == 2
+    assert history.run_stats(opened.conn, run_id).samples == 1
+
+
+def test_migrations_from_an_older_schema(tmp_path):
+    path = str(tmp_path / "h.db")
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in history.MIGRATIONS[0].split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("PRAGMA application_id = {}".format(history.APP_ID))
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO runs (run_key, first_seen, last_seen) VALUES ('old', 1, 2)")
+    conn.close()
+    opened = history.open_db(path)
+    assert opened.conn.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION
+    assert opened.conn.execute("SELECT run_key FROM runs").fetchone()[0] == "old"
+    assert opened.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    opened.conn.execute("SELECT * FROM engine_samples").fetchall()
+    opened.conn.close()
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = str(tmp_path / "h.db")
+    history.open_db(path).conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(history.HistoryError, match="newer kvforensics"):
+        history.open_db(path)
+
+
+def test_bad_durations():
+    for bad in ("7", "7x", "-1d", "d", "abc"):
+        with pytest.raises(ValueError):
+            history.parse_duration(bad)
+    assert history.parse_duration("30d") == 30 * 86400 and history.parse_duration("90m") == 5400
+    code, out, err = run_cli(["record", "--keep", "soon", "--db", "/tmp/x.db"])
+    assert code == 2 and "--keep" in err
+
+
+def test_watch_refreshes_and_leaves(node):
+    code, out, err = run_cli(["watch", "--count", "2", "--interval", "0.05", "--nvml-lib", str(FAKE_LIB), "--no-http",
+                              "--no-color"])
+    assert code == 0 and "kvforensics watch" in out and "TP7" in out and "5.06" in out
+
+
+def test_watch_ctrl_c_leaves_cleanly(node):
+    env = dict(node.env(), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "watch", "--interval", "0.2", "--nvml-lib", str(FAKE_LIB),
+                             "--no-http", "--no-color"], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "kvforensics watch" in out
+
+
+def test_alert_rules_parse_and_use_exported_metrics():
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "deploy" / "kvforensics.rules.yml").read_text())
+    exported = {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_low_water_bytes", "kvforensics_gpu_up",
+                "kvforensics_collector_success", "kvforensics_last_success_timestamp_seconds", "node_textfile_mtime_seconds"}
+    names = set()
+    for group in rules["groups"]:
+        assert group["name"] and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) >= {"alert", "expr", "labels", "annotations"}
+            assert rule["labels"]["severity"] in ("info", "warning", "critical")
+            expr = rule["expr"]
+            assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}")
+            for metric in re.findall(r"\b(kvforensics_\w+|node_\w+)", expr):
+                assert metric in exported, metric
+                names.add(metric)
+    assert {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_low_water_bytes",
+            "kvforensics_collector_success", "node_textfile_mtime_seconds"} <= names
+
+
+def test_systemd_units_and_cron_line():
+    service = (ROOT / "deploy" / "kvforensics-record.service").read_text()
+    timer = (ROOT / "deploy" / "kvforensics-record.timer").read_text()
+    cron = (ROOT / "deploy" / "kvforensics.cron").read_text()
+    assert "Type=oneshot" in service and "kvforensics record" in service and "--prom-file" in service
+    assert "OnUnitActiveSec=" in timer and "WantedBy=timers.target" in timer
+    line = [x for x in cron.splitlines() if x and not x.startswith("#")][0]
+    assert len(line.split()) >= 7 and "kvforensics record" in line
