@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_analyze.py
 	$(BIN)/python bench/bench_inspect.py
 	$(BIN)/python bench/bench_fleet.py
+	$(BIN)/python bench/bench_record.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache bench/out
