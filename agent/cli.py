@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -36,12 +36,44 @@ class UsageProblem(Exception):
     """Bad input the user can fix; exit 2 with one line."""
 
 
+if TYPE_CHECKING:
+    from agent.records import Options
+
+
 def _fail_level(fail_on: str) -> Optional[int]:
     from agent.records import severity_rank
 
     if fail_on not in SEVERITY_CHOICES:
         raise UsageProblem("--fail-on must be one of {}".format(", ".join(SEVERITY_CHOICES)))
     return None if fail_on == "never" else severity_rank(fail_on)
+
+
+def _options(margin: float, request_tokens: int) -> "Options":
+    """--margin and --request-tokens, checked, as analysis Options."""
+    from agent.records import Options
+
+    if margin < 0 or margin != margin:
+        raise UsageProblem("--margin must be a number of GiB >= 0")
+    if request_tokens <= 0:
+        raise UsageProblem("--request-tokens must be a positive number of tokens")
+    return Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
+
+
+def _check_log_spec(log: Optional[str]) -> None:
+    from collectors.engine_logs import LogSpecError, parse_spec
+
+    if log is not None:
+        try:
+            parse_spec(log)
+        except LogSpecError as exc:
+            raise UsageProblem(str(exc)) from None
+
+
+def _exit_for_findings(level: Optional[int], findings: "List[object]") -> None:
+    from agent.records import severity_rank
+
+    if level is not None and any(severity_rank(f.severity) >= level for f in findings):  # type: ignore[attr-defined]
+        raise typer.Exit(exitcodes.EXIT_FINDINGS)
 
 
 def _use_color(color: Optional[bool]) -> bool:
@@ -63,17 +95,15 @@ def analyze(
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
 ) -> None:
     """Explain an SGLang server's GPU memory from its startup log, offline."""
+    from dataclasses import replace
+
     from agent.analysis import analyze_startup
-    from agent.records import Options, severity_rank
     from collectors.logfile import LogReadError, read_log
     from collectors.model_config import ModelConfigError, load_model_config
     from reports import json_report
 
     level = _fail_level(fail_on)
-    if margin < 0 or margin != margin:
-        raise UsageProblem("--margin must be a number of GiB >= 0")
-    if request_tokens <= 0:
-        raise UsageProblem("--request-tokens must be a positive number of tokens")
+    opts = _options(margin, request_tokens)
     target = "file:" + log
     try:
         cfg = load_model_config(model_config) if model_config else None
@@ -84,8 +114,7 @@ def analyze(
             code = "log." + getattr(exc, "code", "model_config")
             sys.stdout.write(json_report.render([], [json_report.error_target(target, "error", code, message)]))
         raise UsageProblem(message) from None
-    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens,
-                   model_config=cfg, model_config_path=model_config)
+    opts = replace(opts, model_config=cfg, model_config_path=model_config)
     analysis = analyze_startup(excerpt.startup, target, opts, excerpt.index, excerpt.count, excerpt.notes)
     if as_json:
         sys.stdout.write(json_report.render([analysis]))
@@ -94,8 +123,7 @@ def analyze(
 
         width = max(80, shutil.get_terminal_size((120, 24)).columns)
         sys.stdout.write(terminal.render([analysis], color=_use_color(color), width=width))
-    if level is not None and any(severity_rank(f.severity) >= level for f in analysis.findings):
-        raise typer.Exit(exitcodes.EXIT_FINDINGS)
+    _exit_for_findings(level, list(analysis.findings))
 
 
 @app.command()
@@ -124,24 +152,15 @@ def inspect(
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
     from agent import bundles
     from agent.reconcile import inspect_snapshot
-    from agent.records import Options, severity_rank
-    from collectors.engine_logs import LogSpecError, parse_spec
     from reports import json_report
 
     level = _fail_level(fail_on)
-    if margin < 0 or margin != margin:
-        raise UsageProblem("--margin must be a number of GiB >= 0")
-    if request_tokens <= 0:
-        raise UsageProblem("--request-tokens must be a positive number of tokens")
+    opts = _options(margin, request_tokens)
     if parallel < 1 or timeout <= 0:
         raise UsageProblem("--parallel must be >= 1 and --timeout > 0")
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
-    if log is not None:
-        try:
-            parse_spec(log)
-        except LogSpecError as exc:
-            raise UsageProblem(str(exc)) from None
+    _check_log_spec(log)
     names = list(targets or [])
     if hosts_file:
         from agent.fleet import read_hosts_file
@@ -154,7 +173,6 @@ def inspect(
         raise UsageProblem("--from reads a bundle; do not also name hosts")
     if save is not None and len(names) > 1:
         raise UsageProblem("--save writes one bundle: name one target")
-    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
     probe_options = {"nvml_lib": nvml_lib, "log": log, "startup": startup, "model_config_path": model_config,
                      "http": http}
     inspections = []
@@ -221,8 +239,7 @@ def inspect(
             sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(
                 ", ".join(i.target for i in inspections if i.collected_nothing)))
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
-    if level is not None and any(severity_rank(f.severity) >= level for i in inspections for f in i.findings):
-        raise typer.Exit(exitcodes.EXIT_FINDINGS)
+    _exit_for_findings(level, [f for i in inspections for f in i.findings])
 
 
 @app.command()
@@ -243,9 +260,7 @@ def record(
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
     from agent import history
     from agent import record as record_mod
-    from agent.records import Options
     from collectors import snapshot
-    from collectors.engine_logs import LogSpecError, parse_spec
     from reports import prometheus
 
     if samples < 1 or interval < 0:
@@ -256,13 +271,9 @@ def record(
             keep_s = history.parse_duration(keep)
         except ValueError as exc:
             raise UsageProblem("--keep: {}".format(exc)) from None
-    if log is not None:
-        try:
-            parse_spec(log)
-        except LogSpecError as exc:
-            raise UsageProblem(str(exc)) from None
+    _check_log_spec(log)
     path = db or history.default_path()
-    opts = Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
+    opts = _options(margin, request_tokens)
 
     def collect():
         return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http)

@@ -10,16 +10,15 @@ and date. Files go to $KVF_BENCH_DIR (default: a temp dir), removed afterwards.
 
 from __future__ import annotations
 
-import datetime
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import List, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import append, best, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"
@@ -49,37 +48,6 @@ def _write(path: Path, startup_first: bool) -> None:
             f.write(block[:1 << 20])  # a little runtime after the startup
 
 
-def _run(cmd: List[str]) -> Tuple[float, int, int]:
-    """(wall seconds, peak RSS bytes, exit code) of one run.
-
-    stdout goes to a real file: GNU grep stops at the first match when its output is
-    /dev/null, which would time a different job.
-    """
-    out = tempfile.TemporaryFile()
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=str(ROOT), stdout=out, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    out.close()
-    return wall, usage.ru_maxrss * 1024, proc.returncode
-
-
-def _best(cmd: List[str]) -> Tuple[float, int, int]:
-    results = [_run(cmd) for _ in range(RUNS)]
-    return min(r[0] for r in results), max(r[1] for r in results), results[-1][2]
-
-
-def _machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return "{} · {} cores · {} · Python {}".format(cpu, os.cpu_count(), platform.platform(), platform.python_version())
-
-
 def main() -> int:
     base = Path(os.environ.get("KVF_BENCH_DIR") or tempfile.mkdtemp(prefix="kvf-bench-"))
     rows = []
@@ -87,31 +55,24 @@ def main() -> int:
         for name, first in (("startup near the end", False), ("startup at the beginning", True)):
             path = base / "bench-{}.log".format("begin" if first else "end")
             _write(path, first)
-            _run(["wc", "-c", str(path)])
-            _run(["grep", "-c", "x", str(path)])  # warm the page cache for both tools alike
-            kvf_t, kvf_rss, rc = _best(KVF + ["analyze", str(path), "--json", "--fail-on", "never"])
+            run(["wc", "-c", str(path)])
+            run(["grep", "-c", "x", str(path)])  # warm the page cache for both tools alike
+            kvf_t, kvf_rss, rc = best(KVF + ["analyze", str(path), "--json", "--fail-on", "never"], RUNS)
             assert rc == 0, "analyze failed on {}".format(path)
-            grep_t, _, _ = _best(["grep", "-c", "KV Cache is allocated", str(path)])
+            grep_t, _, _ = best(["grep", "-c", "KV Cache is allocated", str(path)], RUNS)
             rows.append((name, path.stat().st_size, kvf_t, grep_t, kvf_rss))
             path.unlink()
-        help_t, _, _ = _best(KVF + ["--help"])
-        py_t, _, _ = _best([sys.executable, "-c", "pass"])
+        help_t, _, _ = best(KVF + ["--help"], RUNS)
+        py_t, _, _ = best([sys.executable, "-c", "pass"], RUNS)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = ["", "## analyze — {}".format(stamp), "", "Machine: {}".format(_machine()), "",
-             "| case | log size | kvforensics analyze | grep -c | ratio | peak RSS |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| case | log size | kvforensics analyze | grep -c | ratio | peak RSS |", "|---|---|---|---|---|---|"]
     for name, size, kt, gt, rss in rows:
         lines.append("| {} | {:.2f} GiB | {:.3f} s | {:.3f} s | {:.2f} | {:.0f} MB |".format(
             name, size / (1 << 30), kt, gt, kt / gt, rss / 1e6))
-    lines.append("")
-    lines.append("`kvforensics --help`: {:.3f} s (bare `python -c pass`: {:.3f} s). Best of {} runs each, "
-                 "page cache warm.".format(help_t, py_t, RUNS))
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(ROOT / "bench" / "RESULTS.md", "a", encoding="utf-8") as f:
-        f.write(text)
+    lines += ["", "`kvforensics --help`: {:.3f} s (bare `python -c pass`: {:.3f} s). Best of {} runs each, "
+              "page cache warm.".format(help_t, py_t, RUNS)]
+    append("analyze", lines)
     return 0
 
 

@@ -7,7 +7,6 @@ known_hosts. Reports wall time, ratio, bytes sent per host and exec round trips 
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_analyze import _machine  # noqa: E402
+from bench.common import append  # noqa: E402
 from tests.sshd import USER, Sshd, client_config, keygen  # noqa: E402
 
 HOSTS = int(os.environ.get("KVF_BENCH_HOSTS", "32"))
@@ -66,18 +65,13 @@ def main() -> int:
     finally:
         server.stop()
     kvf, peer = min(kvf_times), min(ssh_times)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([
-        "", "## fleet over SSH — {}".format(stamp), "", "Machine: {}".format(_machine()), "",
+    append("fleet over SSH", [
         "| {} loopback targets, {} at a time | time | ratio |".format(HOSTS, PARALLEL), "|---|---|---|",
         "| `kvforensics inspect --parallel {} --json` (probe runs every collector) | {:.2f} s | {:.2f} |".format(PARALLEL, kvf, kvf / peer),
         "| `xargs -P {} ssh HOST python3 -c pass` (OpenSSH) | {:.2f} s | 1.00 |".format(PARALLEL, peer),
         "", "Per host: one exec round trip, {:,} bytes sent (the probe: collectors + pynvml, zipped, base64). "
         "Best of {} runs; sshd and both clients share the same 2 cores. This host has no NVIDIA driver, so the "
-        "probe skips compiling pynvml; where a driver exists that adds ~50 ms of CPU per host.".format(sent, RUNS), ""])
-    print(text)
-    with open(ROOT / "bench" / "RESULTS.md", "a", encoding="utf-8") as f:
-        f.write(text)
+        "probe skips compiling pynvml; where a driver exists that adds ~50 ms of CPU per host.".format(sent, RUNS)])
     return 0
 
 

@@ -6,7 +6,6 @@ also does) and a bare `python3 -c pass`. Appends to bench/RESULTS.md with machin
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_analyze import _best, _machine  # noqa: E402
+from bench.common import append, best  # noqa: E402
 from tests.fakenode import FakeNode, build_fake_nvml  # noqa: E402
 
 RUNS = int(os.environ.get("KVF_BENCH_RUNS", "5"))
@@ -26,21 +25,16 @@ def main() -> int:
     kvf = [sys.executable, "-m", "agent"]
     with FakeNode(Path(tempfile.mkdtemp(prefix="kvf-bench-node-"))) as node:
         os.environ["FAKE_NVML_SCENARIO"] = str(node.scenario)
-        inspect_t, rss, rc = _best(kvf + ["inspect", "--json", "--nvml-lib", str(lib), "--no-http", "--fail-on", "never"])
+        inspect_t, rss, rc = best(kvf + ["inspect", "--json", "--nvml-lib", str(lib), "--no-http", "--fail-on", "never"], RUNS)
         assert rc == 0, "inspect failed"
-        ps_t, _, _ = _best(["ps", "-e", "-o", "pid,args"])
-    help_t, _, _ = _best(kvf + ["--help"])
-    py_t, _, _ = _best([sys.executable, "-c", "pass"])
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([
-        "", "## inspect — {}".format(stamp), "", "Machine: {}".format(_machine()), "",
+        ps_t, _, _ = best(["ps", "-e", "-o", "pid,args"], RUNS)
+    help_t, _, _ = best(kvf + ["--help"], RUNS)
+    py_t, _, _ = best([sys.executable, "-c", "pass"], RUNS)
+    append("inspect", [
         "| command | time | peer | peer time | ratio |", "|---|---|---|---|---|",
         "| `kvforensics inspect --json` (8-GPU fake node, real processes, seed log) | {:.3f} s | `ps -e -o pid,args` | {:.3f} s | {:.1f} |".format(inspect_t, ps_t, inspect_t / ps_t),
         "| `kvforensics --help` | {:.3f} s | `python3 -c pass` | {:.3f} s | {:.1f} |".format(help_t, py_t, help_t / py_t),
-        "", "Peak RSS of inspect: {:.0f} MB. Best of {} runs.".format(rss / 1e6, RUNS), ""])
-    print(text)
-    with open(ROOT / "bench" / "RESULTS.md", "a", encoding="utf-8") as f:
-        f.write(text)
+        "", "Peak RSS of inspect: {:.0f} MB. Best of {} runs.".format(rss / 1e6, RUNS)])
     return 0
 
 

@@ -6,7 +6,6 @@ reference is the bare interpreter (`python3 -c pass`) that any Python cron job p
 
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_analyze import _machine  # noqa: E402
+from bench.common import append  # noqa: E402
 from tests.fakenode import FakeNode, build_fake_nvml  # noqa: E402
 
 RUNS = int(os.environ.get("KVF_BENCH_RUNS", "5"))
@@ -40,16 +39,11 @@ def main() -> int:
     base = [_measure([sys.executable, "-c", "pass"], dict(os.environ)) for _ in range(RUNS)]
     rss, cpu = max(r[0] for r in results), min(r[1] for r in results)
     brss, bcpu = max(r[0] for r in base), min(r[1] for r in base)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([
-        "", "## record footprint — {}".format(stamp), "", "Machine: {}".format(_machine()), "",
+    append("record footprint", [
         "| one run on the 8-GPU fake node | peak RSS | CPU time (user + sys) |", "|---|---|---|",
         "| `kvforensics record --prom-file …` (1 sample, SQLite + textfile) | {:.0f} MB | {:.3f} s |".format(rss / 1e6, cpu),
         "| `python3 -c pass` | {:.0f} MB | {:.3f} s |".format(brss / 1e6, bcpu),
-        "", "Ratio of CPU time: {:.1f}. Max RSS over {} runs, min CPU over {} runs.".format(cpu / bcpu, RUNS, RUNS), ""])
-    print(text)
-    with open(ROOT / "bench" / "RESULTS.md", "a", encoding="utf-8") as f:
-        f.write(text)
+        "", "Ratio of CPU time: {:.1f}. Max RSS over {} runs, min CPU over {} runs.".format(cpu / bcpu, RUNS, RUNS)])
     return 0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import io
 from typing import Any, Dict, List, Optional, Sequence
 
 GIB = 1 << 30
@@ -53,12 +52,11 @@ def to_json(path: str, since: str, runs: Sequence[Any]) -> Dict[str, Any]:
 
 def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Optional[int]]], color: bool = True,
            width: int = 110) -> str:
-    from rich.console import Console
     from rich.table import Table
 
-    buf = io.StringIO()
-    c = Console(file=buf, width=width, force_terminal=color, no_color=not color,
-                color_system="truecolor" if color else None, highlight=False, emoji=False)
+    from reports.terminal import console, text_of
+
+    buf, c = console(color, width)
     c.print("kvforensics history · {} · last {} · {} engine run(s)".format(path, since, len(runs)))
     if not runs:
         c.print("  no samples in this window (kvforensics record adds them)")
@@ -80,4 +78,4 @@ def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Opt
                           "—" if g.last_free_bytes is None else "{:.2f}".format(g.last_free_bytes / GIB),
                           sparkline(plots.get(g.gpu, [])))
         c.print(table)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+    return text_of(buf)

@@ -47,6 +47,31 @@ LEDGER_ROWS: Sequence[Row] = (
 )
 
 
+def console(color: bool, width: int) -> Tuple[io.StringIO, "object"]:
+    """A rich console writing into a buffer (renderers return text; the CLI prints it)."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    return buf, Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                        color_system="truecolor" if color else None, highlight=False, emoji=False)
+
+
+def text_of(buf: io.StringIO) -> str:
+    # rich pads every line to the console width; trailing blanks only hurt copy-paste
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+def _cells(segments: Sequence[Tuple[str, int, str]], total: int, width: int) -> List[Tuple[str, int, str]]:
+    """(label, bytes, colour) -> (label, cells, colour) across ``width`` cells for ``total`` bytes."""
+    out, used = [], 0
+    for label, value, colour in segments:
+        cells = min(int(round(value / total * width)), width - used)
+        if cells > 0:
+            out.append((label, cells, colour))
+            used += cells
+    return out
+
+
 def _gib(n: Optional[int]) -> str:
     return "—" if n is None else "{:.2f}".format(n / GIB)
 
@@ -100,28 +125,16 @@ def bar(r: RankLedger, width: int = 60) -> List[Tuple[str, int, str]]:
         if colour is None or not value or value <= 0:
             continue
         segments.append((label, value, colour))
-    out, used = [], 0
-    for label, value, colour in segments:
-        cells = int(round(value / total * width))
-        cells = min(cells, width - used)
-        if cells > 0:
-            out.append((label, cells, colour))
-            used += cells
-    return out
+    return _cells(segments, total, width)
 
 
 def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -> str:
-    from rich.console import Console
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
-                      color_system="truecolor" if color else None, highlight=False, emoji=False)
+    buf, c = console(color, width)
     for i, a in enumerate(analyses):
         if i:
-            console.rule()
-        _render_one(console, a)
-    # rich pads every line to the console width; trailing blanks only hurt copy-paste
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+            c.rule()  # type: ignore[attr-defined]
+        _render_one(c, a)
+    return text_of(buf)
 
 
 def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
@@ -277,29 +290,18 @@ def gpu_bar(g: GpuLedger, width: int = 60) -> List[Tuple[str, int, str]]:
     """Segments across the GPU's total memory, from NVML now; free is left blank."""
     if not g.total_bytes:
         return []
-    out, used = [], 0
-    for label, value, _ in g.items:
-        colour = GPU_COLOURS.get(label)
-        if colour is None or not value or value <= 0:
-            continue
-        cells = min(int(round(value / g.total_bytes * width)), width - used)
-        if cells > 0:
-            out.append((label, cells, colour))
-            used += cells
-    return out
+    segments = [(label, value, GPU_COLOURS[label]) for label, value, _ in g.items
+                if label in GPU_COLOURS and value and value > 0]
+    return _cells(segments, g.total_bytes, width)
 
 
 def render_inspections(inspections: Sequence[Inspection], color: bool = True, width: int = 110) -> str:
-    from rich.console import Console
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
-                      color_system="truecolor" if color else None, highlight=False, emoji=False)
+    buf, c = console(color, width)
     for i, insp in enumerate(inspections):
         if i:
-            console.rule()
-        _render_inspection(console, insp)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+            c.rule()  # type: ignore[attr-defined]
+        _render_inspection(c, insp)
+    return text_of(buf)
 
 
 def _render_inspection(c: "object", insp: Inspection) -> None:
@@ -398,12 +400,9 @@ def fleet_rows(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, 
 
 def render_fleet(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, str, str, str]],
                  color: bool = True, width: int = 110) -> str:
-    from rich.console import Console
     from rich.table import Table
 
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
-                      color_system="truecolor" if color else None, highlight=False, emoji=False)
+    buf, c = console(color, width)
     table = Table(title="kvforensics: {} host(s), {} collected".format(len(inspections) + len(failures), len(inspections)),
                   title_justify="left", show_edge=False, pad_edge=False)
     for col, just in (("host", "left"), ("status", "left"), ("GPUs", "right"), ("engine", "left"), ("model", "left"),
@@ -412,5 +411,5 @@ def render_fleet(inspections: Sequence[Inspection], failures: Sequence[Tuple[str
     for row in fleet_rows(inspections, failures):
         style = None if row[1] in ("ok", "partial") else "red"
         table.add_row(*row, style=style)
-    console.print(table)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+    c.print(table)  # type: ignore[attr-defined]
+    return text_of(buf)

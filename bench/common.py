@@ -1,0 +1,55 @@
+"""What every benchmark shares: the machine line, timing a command, appending to RESULTS.md."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "RESULTS.md"
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return "{} · {} cores · {} · Python {}".format(cpu, os.cpu_count(), platform.platform(), platform.python_version())
+
+
+def run(cmd: Sequence[str], env=None) -> Tuple[float, int, int]:
+    """(wall seconds, peak RSS bytes, exit code) of one run.
+
+    stdout goes to a real file: GNU grep stops at the first match when its output is
+    /dev/null, which would time a different job.
+    """
+    out = tempfile.TemporaryFile()
+    start = time.perf_counter()
+    proc = subprocess.Popen(list(cmd), cwd=str(ROOT), stdout=out, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    out.close()
+    return wall, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
+
+
+def best(cmd: Sequence[str], runs: int, env=None) -> Tuple[float, int, int]:
+    results = [run(cmd, env) for _ in range(runs)]
+    return min(r[0] for r in results), max(r[1] for r in results), results[-1][2]
+
+
+def append(title: str, lines: List[str]) -> str:
+    """Append a dated section with the machine to bench/RESULTS.md; returns its text."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = "\n".join(["", "## {} — {}".format(title, stamp), "", "Machine: {}".format(machine()), ""] + lines + [""])
+    print(text)
+    with open(RESULTS, "a", encoding="utf-8") as f:
+        f.write(text)
+    return text
