@@ -308,3 +308,42 @@ def test_systemd_units_and_cron_line():
     assert "OnUnitActiveSec=" in timer and "WantedBy=timers.target" in timer
     line = [x for x in cron.splitlines() if x and not x.startswith("#")][0]
     assert len(line.split()) >= 7 and "kvforensics record" in line
+
+
+def test_peak_kv_usage_from_live_metrics(tmp_path, monkeypatch):
+    import http.server
+    import threading
+
+    usage = iter([(40000, 0.25, 3), (151000, 0.95, 20), (90000, 0.56, 9)])
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            used, ratio, running = next(usage)
+            body = ("sglang:num_used_tokens{{tp_rank=\"0\"}} {}\nsglang:token_usage{{tp_rank=\"0\"}} {}\n"
+                    "sglang:num_running_reqs{{tp_rank=\"0\"}} {}\nsglang:num_queue_reqs{{tp_rank=\"0\"}} 0\n").format(
+                        used, ratio, running)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    build_fake_nvml()
+    db = tmp_path / "h.db"
+    try:
+        with FakeNode(tmp_path / "node", extra_flags=["--port", str(server.server_address[1])]) as n:
+            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+            code, out, err = run_cli(["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--samples", "3",
+                                      "--interval", "0"])
+            assert code == 0, err
+    finally:
+        server.shutdown()
+    run = json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]
+    assert run["peak_used_tokens"] == 151000 and run["peak_token_usage"] == 0.95
+    assert run["engine"] == "sglang-{}".format(server.server_address[1])

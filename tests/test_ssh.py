@@ -349,3 +349,25 @@ def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node
     insp = inspect_snapshot(snap, "ssh:test", Options())
     assert any(f.code == "engine_log_missing" for f in insp.findings)
     assert all(g.rank is not None for g in insp.gpus)  # GPUs still mapped to ranks from the process table
+
+
+def test_keys_from_a_real_ssh_agent(env, server, keys, tmp_path, monkeypatch):
+    import subprocess
+
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 10
+        while not sock.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        subprocess.run(["ssh-add", "-q", str(keys["client"])], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)), check=True)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        monkeypatch.setenv("HOME", str(tmp_path))  # no default identities to fall back on
+        cfg = client_config(tmp_path / "cfg_agent", {"viaagent": {
+            "HostName": "127.0.0.1", "Port": server.port, "User": USER, "UserKnownHostsFile": env["known"]}})
+        code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--json", "--no-http", "viaagent"])
+        (t,) = json.loads(out)["targets"]
+        assert t["status"] in ("ok", "partial"), t["problems"]
+    finally:
+        agent.kill()
+        agent.wait()
