@@ -21,6 +21,7 @@ import subprocess
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from collectors.logfile import KEYWORDS, LogReadError, read_log
+from collectors.redact import redact_text
 from collectors.sglang_log import parse_line
 from collectors.startups import Startup, StartupSegmenter
 
@@ -75,7 +76,8 @@ def _lines_of(startup: Startup) -> List[List[Any]]:
         if key in seen:
             continue
         seen.add(key)
-        out.append([ev.line, ev.offset, ev.raw])
+        # the server_args line echoes --api-key: a snapshot or bundle must not carry it
+        out.append([ev.line, ev.offset, redact_text(ev.raw)])
     return out
 
 

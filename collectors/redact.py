@@ -35,6 +35,21 @@ def redact_mapping(data: Any) -> Any:
     return data
 
 
+# key='value' (ServerArgs repr) and 'key': 'value' (dict form) inside a raw log line
+_ASSIGNED = re.compile(r"""(?P<key>['"]?[A-Za-z_][\w-]*['"]?)(?P<sep>\s*[=:]\s*)(?P<value>'[^']*'|"[^"]*")""")
+
+
+def redact_text(line: str) -> str:
+    """A log line with the quoted values of secret keys replaced (``api_key='sk-…'``)."""
+    def swap(m: "re.Match[str]") -> str:
+        key = m.group("key").strip("'\"")
+        if not is_secret(key) or m.group("value") in ("''", '""'):
+            return m.group(0)
+        return m.group("key") + m.group("sep") + "'" + REDACTED + "'"
+
+    return _ASSIGNED.sub(swap, line)
+
+
 def redact_argv(argv: List[str]) -> List[str]:
     """``--api-key X`` and ``--api-key=X`` keep the option, lose the value."""
     out: List[str] = []

@@ -186,3 +186,28 @@ def test_http_skips_non_loopback_hosts():
     s = engine_http.collect({"host": "10.1.2.3", "port": 30000})
     assert s["status"] == "absent" and s["url"] is None
     assert s["problems"][0]["code"] == "engine_http.not_loopback"
+
+
+def test_secrets_in_raw_log_lines_are_redacted():
+    from collectors.redact import redact_text
+
+    repr_line = "[2026-01-01 10:00:00] server_args=ServerArgs(model_path='/m', api_key='sk-live-1', admin_api_key=\"adm\", tokenizer_path='/t', max_total_tokens=None)"
+    out = redact_text(repr_line)
+    assert "sk-live-1" not in out and "adm\"" not in out and "tokenizer_path='/t'" in out and "model_path='/m'" in out
+    dict_line = "[2026-09-04 10:00:00] server_args={'api_key': 'sk-2', 'hf_token': 'hf_x', 'page_size': 64}"
+    out = redact_text(dict_line)
+    assert "sk-2" not in out and "hf_x" not in out and "'page_size': 64" in out
+
+
+def test_bundle_never_holds_the_api_key_from_the_log(tmp_path, monkeypatch):
+    from collectors import engine_logs
+    from collectors.sglang_log import parse_line
+
+    log = tmp_path / "s.log"
+    text = SEED_LOG.read_text(encoding="utf-8").replace("api_key=None", "api_key='sk-from-the-log'")
+    log.write_bytes(text.encode())
+    section = engine_logs.collect(("file", str(log)))
+    raw = "\n".join(r for _, _, r in section["lines"])
+    assert "sk-from-the-log" not in raw and "api_key='<redacted>'" in raw
+    (ev,) = parse_line(next(r for _, _, r in section["lines"] if "server_args=" in r))
+    assert ev.data["args"]["mem_fraction_static"] == 0.88 and ev.data["args"]["api_key"] == "<redacted>"
