@@ -82,7 +82,7 @@ def _use_color(color: Optional[bool]) -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
-@app.command()
+@app.command(short_help="Explain GPU memory from an SGLang startup log, offline.")
 def analyze(
     log: str = typer.Argument(..., help="SGLang log: a file, a .gz file, or - for stdin.", show_default=False),
     startup: int = typer.Option(-1, "--startup", help="Which startup: 1 = first in the file, -1 = last, -2 = the one before."),
@@ -126,7 +126,7 @@ def analyze(
     _exit_for_findings(level, list(analysis.findings))
 
 
-@app.command()
+@app.command(short_help="Inspect nodes live (here or over SSH), reconciled.")
 def inspect(
     targets: Optional[List[str]] = typer.Argument(None, help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this machine.", show_default=False),
     hosts_file: Optional[str] = typer.Option(None, "--hosts-file", help="Read targets from a file: one per line, '#' comments."),
@@ -242,7 +242,7 @@ def inspect(
     _exit_for_findings(level, [f for i in inspections for f in i.findings])
 
 
-@app.command()
+@app.command(short_help="Sample into history; export Prometheus metrics (cron).")
 def record(
     db: Optional[str] = typer.Option(None, "--db", help="History database (default $KVFORENSICS_DB, /var/lib/kvforensics/history.db as root, else ~/.local/state/kvforensics/history.db)."),
     prom_file: Optional[str] = typer.Option(None, "--prom-file", help="Write a Prometheus textfile here (atomically), for node_exporter's textfile collector."),
@@ -308,7 +308,7 @@ def record(
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
 
 
-@app.command("history")
+@app.command("history", short_help="Low-water free memory and peak KV use over time.")
 def history_cmd(
     db: Optional[str] = typer.Option(None, "--db", help="History database (default as for record)."),
     since: str = typer.Option("7d", "--since", help="Window: 7d, 12h, 90m, 2w."),
@@ -347,7 +347,7 @@ def history_cmd(
         sys.stdout.write(history_report.render(path, since, runs, plots, color=_use_color(color), width=width))
 
 
-@app.command()
+@app.command(short_help="Live view of free GPU memory and KV usage.")
 def watch(
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes."),
     count: int = typer.Option(0, "--count", help="Stop after this many refreshes (0 = until Ctrl-C)."),
