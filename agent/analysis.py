@@ -127,7 +127,10 @@ def analyze_startup(startup: Startup, target: str, opts: Options, index: Optiona
     first = ledgers(attributed, page, None, "", rtt.bytes if rtt else None, rtt.formula if rtt else "")
     bud = budget_mod.compute(era, args, first, page, geo.bytes_per_token if geo else None,
                              geo.formula if geo else "", mm, rtt.rows if rtt else None,
-                             _draft_loaded_first(attributed))
+                             _draft_loaded_first(attributed),
+                             "server_args mem_fraction_static ({})".format(where(args_ev)) if args_ev
+                             and "mem_fraction_static" in args_ev.data["args"]
+                             else "the server's command line (--mem-fraction-static)")
     reserve_src = ""
     if bud.reserve_bytes is not None:
         reserve_src = "pre-load free (min over ranks) × (1 − mem_fraction_static {:g}; {})".format(

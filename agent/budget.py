@@ -86,7 +86,8 @@ def _min(values: List[Optional[int]]) -> Optional[int]:
 
 def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_size: int,
             cell_from_config: Optional[int], cell_config_formula: str,
-            mm_reserve: int, rows: Optional[int], draft_first: bool) -> Budget:
+            mm_reserve: int, rows: Optional[int], draft_first: bool,
+            mfs_origin: str = "server_args mem_fraction_static") -> Budget:
     """``draft_first``: the draft's weights loaded before the target KV pool was sized (0.5.14+
     order), so the profile saw them and the draft's KV is part of the cell."""
     steps: List[str] = []
@@ -104,7 +105,7 @@ def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_
                                                 cell_config_formula)
     raw_mfs = args.get("mem_fraction_static")
     mfs = float(raw_mfs) if isinstance(raw_mfs, (int, float)) else None
-    mfs_source = "server_args mem_fraction_static" if mfs is not None else ""
+    mfs_source = mfs_origin if mfs is not None else ""
     empty = Budget(mfs, mfs_source, pre, post, post_source, None, None, cell, cell_source,
                    None, None, None, logged, "unknown", "", draft_first, ())
     if pre is None or post is None:
@@ -188,6 +189,12 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
             kv_bytes += r.draft.kv_bytes
             n_pools += 1
         if from_config is not None:
+            if n_pools > 1:  # the draft's share still comes from its logged pool
+                draft = r.draft.kv_bytes  # type: ignore[union-attr]
+                return (from_config + int(round(draft / rows)), from_config + (draft - HALF) / rows,
+                        from_config + (draft + HALF) / rows,
+                        "--model-config: {} + the draft's logged KV per token (in the budget since 0.5.14)".format(
+                            config_formula))
             return from_config, None, None, "--model-config: " + config_formula
         half = HALF * n_pools
         return (int(round(kv_bytes / rows)), (kv_bytes - half) / rows, (kv_bytes + half) / rows,

@@ -135,7 +135,8 @@ def test_speculative_headroom_before_0_5_7(tmp_path):
     assert b["verdict"] == "agrees", b
 
 
-def test_draft_inside_the_budget_from_0_5_14(tmp_path):
+@pytest.mark.parametrize("with_config", [False, True])
+def test_draft_inside_the_budget_from_0_5_14(tmp_path, with_config):
     """0.5.14+: target load, draft load, then both pools sized from what is left (draft in the cell)."""
     date = "2026-06-26 10:00:00"
     target_cell, draft_cell = 16384, 512
@@ -159,8 +160,17 @@ def test_draft_inside_the_budget_from_0_5_14(tmp_path):
              "[{}] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2], avail mem=4.10 GB".format(date),
              "[{}] Capture draft decode CUDA graph end. elapsed=3.00 s, mem usage=0.10 GB, avail mem=4.00 GB.".format(date),
              "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=256, context_len=32768, available_gpu_mem=3.90 GB".format(date, tokens)]
-    t = _analyze(tmp_path, lines)
+    extra = []
+    if with_config:  # 8 KV heads x (128 + 128) x 4 layers x 2 B = 16,384 B: the target's cell
+        cfg = tmp_path / "config.json"
+        cfg.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                   "head_dim": 128, "torch_dtype": "bfloat16"}))
+        extra = ["--model-config", str(cfg)]
+    t = _analyze(tmp_path, lines, *extra)
     b = t["startup"]["budget"]
+    if with_config:
+        assert b["bytes_per_token"] == target_cell + int(round(2 * gib(float("{:.2f}".format(kv_d / 2))) / (tokens + 1)))
+        assert "the draft's logged KV per token" in b["bytes_per_token_source"]
     assert t["engine"]["version_hint"] == "0.5.14–0.5.15"
     assert b["draft_in_budget"] is True
     assert b["post_load_avail_min_bytes"] == gib(post_draft)
