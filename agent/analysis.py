@@ -118,9 +118,8 @@ def analyze_startup(startup: Startup, target: str, opts: Options, index: Optiona
 
     rtt: Optional[ReqToToken] = None
     if summary.max_total_num_tokens and summary.context_len:
-        dp = args.get("dp_size") if isinstance(args.get("dp_size"), int) else 1
         rtt = budget_mod.req_to_token(era, args, summary.max_total_num_tokens, summary.context_len,
-                                      summary.max_running_requests, dp)
+                                      summary.max_running_requests)
     mm = sum(e.data["bytes"] for e in attributed.other if e.kind == "mm_reserve")
 
     # First pass without the reserve (it needs the budget), second with it.

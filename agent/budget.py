@@ -31,7 +31,7 @@ class ReqToToken:
 
 
 def req_to_token(era: Era, args: Dict[str, Any], tokens: int, context_len: int,
-                 running: Optional[int], dp: int) -> ReqToToken:
+                 running: Optional[int]) -> ReqToToken:
     """The int32 req_to_token table: rows × (context_len + extra) × 4 bytes (research §4, §2.6)."""
     est = max(min(int(tokens / context_len * 512), 4096), 2048)
     user = args.get("max_running_requests")
@@ -171,7 +171,7 @@ def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_
         if notes:
             return _replace(result, verdict="explained", explanation="; ".join(notes + [why]))
         return _replace(result, verdict="agrees", explanation=why)
-    return _replace(result, verdict="differs", explanation=_differs(logged, lo, hi, cell, ranks, args))
+    return _replace(result, verdict="differs", explanation=_differs(logged, lo, hi, cell, ranks))
 
 
 def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
@@ -205,8 +205,7 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
     return None, None, None, ""
 
 
-def _differs(logged: int, lo: int, hi: int, cell: int, ranks: Tuple[RankLedger, ...],
-             args: Dict[str, Any]) -> str:
+def _differs(logged: int, lo: int, hi: int, cell: int, ranks: Tuple[RankLedger, ...]) -> str:
     gap = (lo - logged) if logged < lo else (logged - hi)
     size = gap * cell / GIB
     if logged < lo:

@@ -87,7 +87,7 @@ def _is_ours(conn: sqlite3.Connection) -> Tuple[bool, str]:
         app, ", ".join(sorted(tables)) or "none")
 
 
-def _move_aside(path: str, why: str) -> str:
+def _move_aside(path: str) -> str:
     aside = "{}.unusable-{}".format(path, time.strftime("%Y%m%dT%H%M%S"))
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(path + suffix):
@@ -124,7 +124,7 @@ def open_db(path: str, create: bool = True) -> Opened:
             conn.close()
         if not create or attempt == 2:
             raise HistoryError("{}: {}".format(path, why))
-        moved = _move_aside(path, why)
+        moved = _move_aside(path)
         moved = "{} ({})".format(moved, why)
     assert conn is not None
     conn.execute("PRAGMA foreign_keys = ON")
