@@ -255,3 +255,17 @@ def test_gain_tokens_follow_the_formula(tmp_path):
     new = math.floor((0.80 + (gib(9.0) - 1.5 * GIB) / gib(78.5)) * 1000) / 1000
     assert rec["value"] == "{:.3f}".format(new)
     assert rec["gain_tokens"] == rec["gain_bytes"] // t["startup"]["budget"]["bytes_per_token"]
+
+
+def test_sglang_adjustments_become_findings(tmp_path):
+    args = {"model_path": "/m", "mem_fraction_static": 0.85, "tp_size": 2}
+    lines = lb.startup(args=args)
+    date = "2025-06-24 10:00:00"
+    lines[1:1] = ["[{}] Multimodal model: Dynamically adjusted --mem-fraction-static from: 0.881 to: 0.85".format(date)]
+    lines += ["[{} TP0] max_running_requests was reduced from the requested 512 to 128 (per dp worker) due to the "
+              "available KV cache capacity.".format(date),
+              "[{} TP0] Allocating 60.00 GB host memory for hierarchical KV cache.".format(date)]
+    codes = {f["code"]: f for f in _analyze(tmp_path, lines)["findings"]}
+    assert "0.881 to 0.85" in codes["mem_fraction_adjusted"]["title"]
+    assert codes["max_running_requests_reduced"]["severity"] == "warning"
+    assert codes["hicache_host_pool"]["bytes"] == 60 * 10**9  # decimal GB
