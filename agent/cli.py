@@ -366,6 +366,21 @@ def watch(
         sys.stderr.write("\n")
 
 
+@app.command(short_help="Write the exact probe shipped to inspected hosts.")
+def probe(
+    output: str = typer.Option(..., "--output", "-o", help="Where to write the probe script."),
+) -> None:
+    """Write the probe script that `inspect HOST` sends on stdin to `python3 -I -`, for review or a manual run."""
+    from agent import probe as probe_mod
+
+    try:
+        sha, size = probe_mod.write(output)
+    except OSError as exc:
+        raise UsageProblem("--output {}: {}".format(output, exc.strerror or exc)) from None
+    sys.stdout.write("wrote {} ({:,} bytes; code sha256 {}); run it by hand with: python3 -I - < {}\n".format(
+        output, size, sha, output))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point: run the app, map every outcome to a documented exit code."""
     args = sys.argv[1:] if argv is None else argv

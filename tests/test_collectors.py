@@ -211,3 +211,31 @@ def test_bundle_never_holds_the_api_key_from_the_log(tmp_path, monkeypatch):
     assert "sk-from-the-log" not in raw and "api_key='<redacted>'" in raw
     (ev,) = parse_line(next(r for _, _, r in section["lines"] if "server_args=" in r))
     assert ev.data["args"]["mem_fraction_static"] == 0.88 and ev.data["args"]["api_key"] == "<redacted>"
+
+
+def test_model_config_from_the_hugging_face_cache(tmp_path):
+    from collectors import model_config
+
+    snap = tmp_path / "hf" / "hub" / "models--moonshotai--Kimi-K2.5" / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text('{"num_hidden_layers": 61}')
+    found = model_config.locate("moonshotai/Kimi-K2.5", {"HF_HOME": str(tmp_path / "hf")})
+    assert found == str(snap / "config.json")
+    assert model_config.locate("moonshotai/Other", {"HF_HOME": str(tmp_path / "hf")}) is None
+    assert model_config.locate(str(snap)) == str(snap / "config.json")
+
+
+def test_probe_written_for_review_runs_by_hand(tmp_path):
+    import subprocess
+    import sys
+
+    from agent import probe
+    from tests.conftest import run_cli
+
+    out = tmp_path / "probe.py"
+    code, text, err = run_cli(["probe", "-o", str(out)])
+    assert code == 0 and "sha256" in text
+    proc = subprocess.run([sys.executable, "-I", "-"], input=out.read_bytes(), capture_output=True, timeout=60)
+    assert proc.returncode == 0
+    snap = probe.parse_answer(proc.stdout, probe.build({}))
+    assert snap["schema"] == "kvforensics.snapshot/1"
