@@ -175,71 +175,84 @@ def inspect(
         raise UsageProblem("--save writes one bundle: name one target")
     probe_options = {"nvml_lib": nvml_lib, "log": log, "startup": startup, "model_config_path": model_config,
                      "http": http}
-    inspections = []
-    failures = []  # (target, status, code, message)
+    # One entry per target, in the order given: (target, snapshot) or (target, failure)
+    entries: List[tuple] = []
     if from_file is not None:
         try:
-            snaps = [("bundle:{}".format(from_file), bundles.load(from_file))]
+            entries.append(("bundle:{}".format(from_file), bundles.load(from_file), None))
         except bundles.BundleError as exc:
             raise UsageProblem(str(exc)) from None
     else:
-        snaps = []
-        remote = [t for t in names if t not in ("local", "localhost")]
-        if not names or len(remote) < len(names):
-            from collectors import snapshot
-
-            snap = snapshot.collect(**probe_options)
-            snaps.append(("local:{}".format(snap.get("hostname")), snap))
-        if remote:
-            from agent import fleet
-
-            done, stop = fleet.progress_printer(len(remote))
-            try:
-                results = fleet.run(remote, fleet.FleetOptions(probe_options, ssh_config, accept_new_host_keys,
-                                                               parallel, timeout), done)
-            finally:
-                stop()
-            for r in results:
-                for note in r.notes:
-                    sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
-                if r.snapshot is None:
-                    code, message = r.problem or ("ssh.error", "failed")
-                    failures.append((r.target, r.status, code, message))
-                    sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
-                else:
-                    snaps.append(("ssh:{}".format(r.target), r.snapshot))
+        entries = _collect_targets(names or ["local"], probe_options, ssh_config, accept_new_host_keys, parallel, timeout)
+    snaps = [(t, snap) for t, snap, _ in entries if snap is not None]
     if save is not None and snaps:
         try:
             bundles.save(snaps[0][1], save)
         except OSError as exc:
             raise UsageProblem("--save {}: {}".format(save, exc)) from None
-    for target, snap in snaps:
+    results = []  # Inspection or (target, status, code, message), in target order
+    for target, snap, failure in entries:
+        if snap is None:
+            results.append(failure)
+            continue
         recorded = None
         if target.startswith("local:"):
             from agent import history as history_mod
             from agent.record import current_stats
 
             recorded = current_stats(db or history_mod.default_path(), snap)
-        inspections.append(inspect_snapshot(snap, target, opts, history=recorded))
+        results.append(inspect_snapshot(snap, target, opts, history=recorded))
+    inspections = [r for r in results if not isinstance(r, tuple)]
+    failures = [r for r in results if isinstance(r, tuple)]
     if as_json:
-        errors = [json_report.error_target("ssh:" + t, status, code, message) for t, status, code, message in failures]
-        sys.stdout.write(json_report.render_inspections(inspections, errors))
+        sys.stdout.write(json_report.render_results(results))
     else:
         from reports import terminal
 
         width = max(80, shutil.get_terminal_size((120, 24)).columns)
-        many = len(inspections) + len(failures) > 1
-        if many:
-            sys.stdout.write(terminal.render_fleet(inspections, failures, color=_use_color(color), width=width))
-        if inspections and (detail or not many):
+        if len(results) > 1:
+            sys.stdout.write(terminal.render_fleet(results, color=_use_color(color), width=width))
+        if inspections and (detail or len(results) == 1):
             sys.stdout.write(terminal.render_inspections(inspections, color=_use_color(color), width=width))
-    nothing = failures or any(i.collected_nothing for i in inspections)
-    if nothing:
-        if any(i.collected_nothing for i in inspections):
-            sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(
-                ", ".join(i.target for i in inspections if i.collected_nothing)))
+    empty = [i.target for i in inspections if i.collected_nothing]
+    if empty:
+        sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(", ".join(empty)))
+    if failures or empty:
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
     _exit_for_findings(level, [f for i in inspections for f in i.findings])
+
+
+def _collect_targets(names: List[str], probe_options: dict, ssh_config: Optional[str], accept_new: bool,
+                     parallel: int, timeout: float) -> List[tuple]:
+    """(target, snapshot, None) or (target, None, (target, status, code, message)) per name, in order."""
+    from agent import fleet
+    from collectors import snapshot
+
+    remote = [t for t in names if t not in ("local", "localhost")]
+    by_name = {}
+    if remote:
+        done, stop = fleet.progress_printer(len(remote))
+        try:
+            results = fleet.run(remote, fleet.FleetOptions(probe_options, ssh_config, accept_new, parallel, timeout), done)
+        finally:
+            stop()
+        for r in results:
+            for note in r.notes:
+                sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
+            if r.snapshot is None:
+                code, message = r.problem or ("ssh.error", "failed")
+                sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
+                by_name.setdefault(r.target, []).append(("ssh:" + r.target, None, ("ssh:" + r.target, r.status, code, message)))
+            else:
+                by_name.setdefault(r.target, []).append(("ssh:" + r.target, r.snapshot, None))
+    entries = []
+    for name in names:
+        if name in ("local", "localhost"):
+            snap = snapshot.collect(**probe_options)
+            entries.append(("local:{}".format(snap.get("hostname")), snap, None))
+        else:
+            entries.append(by_name[name].pop(0))
+    return entries
 
 
 @app.command(short_help="Sample into history; export Prometheus metrics (cron).")

@@ -148,9 +148,10 @@ def gpu_dict(g: GpuLedger) -> Dict[str, Any]:
             "problems": [{"code": p.code, "message": p.message} for p in g.problems]}
 
 
-def render_inspections(inspections: List[Inspection], errors: Iterable[Dict[str, Any]] = ()) -> str:
-    doc = document([inspection_dict(i) for i in inspections] + list(errors))
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+def render_results(results: List[Any]) -> str:
+    """Inspections and failed targets ``(target, status, code, message)``, in target order."""
+    targets = [error_target(*r) if isinstance(r, tuple) else inspection_dict(r) for r in results]
+    return json.dumps(document(targets), indent=2, ensure_ascii=False) + "\n"
 
 
 def error_target(target: str, status: str, code: str, message: str) -> Dict[str, Any]:

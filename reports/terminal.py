@@ -7,7 +7,7 @@ identical are shown as one column ("TP0–TP7").
 from __future__ import annotations
 
 import io
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.analysis import Analysis
 from agent.ledger import RankLedger, RunnerLedger
@@ -375,10 +375,14 @@ def _when(ts: Optional[float]) -> str:
 _SEV_ORDER = {"critical": 0, "error": 1, "warning": 2, "info": 3}
 
 
-def fleet_rows(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, str, str, str]]) -> List[Tuple[str, ...]]:
-    """(host, status, GPUs, engine, model, KV tokens, unused GiB, worst finding) per target."""
+def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
+    """(host, status, GPUs, engine, model, KV tokens, unused GiB, worst finding) per target, in order."""
     rows = []
-    for i in inspections:
+    for i in results:
+        if isinstance(i, tuple):  # a target that could not be collected
+            target, status, _code, message = i
+            rows.append((target.split(":", 1)[-1], status, "—", "—", "—", "—", "—", message))
+            continue
         a = i.analysis
         engines = (i.snapshot.get("engines") or {}).get("engines") or []
         model = ""
@@ -393,22 +397,21 @@ def fleet_rows(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, 
                      "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
                      _gib(unused) if unused else "—",
                      "{} {}".format(worst.severity, worst.code) if worst else "—"))
-    for target, status, _code, message in failures:
-        rows.append((target, status, "—", "—", "—", "—", "—", message))
     return rows
 
 
-def render_fleet(inspections: Sequence[Inspection], failures: Sequence[Tuple[str, str, str, str]],
-                 color: bool = True, width: int = 110) -> str:
+def render_fleet(results: Sequence[Any], color: bool = True, width: int = 110) -> str:
+    """The fleet summary table; ``results`` holds Inspections and failed targets, in order."""
     from rich.table import Table
 
     buf, c = console(color, width)
-    table = Table(title="kvforensics: {} host(s), {} collected".format(len(inspections) + len(failures), len(inspections)),
+    collected = sum(1 for r in results if not isinstance(r, tuple))
+    table = Table(title="kvforensics: {} host(s), {} collected".format(len(results), collected),
                   title_justify="left", show_edge=False, pad_edge=False)
     for col, just in (("host", "left"), ("status", "left"), ("GPUs", "right"), ("engine", "left"), ("model", "left"),
                       ("KV tokens", "right"), ("unused GiB", "right"), ("worst finding", "left")):
         table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
-    for row in fleet_rows(inspections, failures):
+    for row in fleet_rows(results):
         style = None if row[1] in ("ok", "partial") else "red"
         table.add_row(*row, style=style)
     c.print(table)  # type: ignore[attr-defined]

@@ -257,7 +257,7 @@ def test_nothing_left_on_the_remote(env):
 
 def test_fleet_summary_and_hosts_file(env, tmp_path):
     hosts = tmp_path / "hosts.txt"
-    hosts.write_text("# the fleet\nnode\nnode2  # same box\n\nwrongkey\n")
+    hosts.write_text("# the fleet\nnode\nwrongkey\n\nnode2  # same box\n")
     code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--hosts-file", str(hosts), "--no-http",
                               "--no-color", "--parallel", "3"])
     assert code == 3
@@ -268,7 +268,8 @@ def test_fleet_summary_and_hosts_file(env, tmp_path):
     code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--hosts-file", str(hosts), "--no-http",
                               "--json"])
     doc = json.loads(out)
-    assert [t["target"] for t in doc["targets"]] == ["ssh:node", "ssh:node2", "ssh:wrongkey"]
+    assert [t["target"] for t in doc["targets"]] == ["ssh:node", "ssh:wrongkey", "ssh:node2"]  # as given
+    assert [t["status"] for t in doc["targets"]][1] == "auth_failed"
 
 
 def test_probe_is_one_round_trip_and_reproducible():
