@@ -225,12 +225,13 @@ def inspect(
 def _collect_targets(names: List[str], probe_options: dict, ssh_config: Optional[str], accept_new: bool,
                      parallel: int, timeout: float) -> List[tuple]:
     """(target, snapshot, None) or (target, None, (target, status, code, message)) per name, in order."""
-    from agent import fleet
     from collectors import snapshot
 
     remote = [t for t in names if t not in ("local", "localhost")]
     by_name = {}
     if remote:
+        from agent import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
+
         done, stop = fleet.progress_printer(len(remote))
         try:
             results = fleet.run(remote, fleet.FleetOptions(probe_options, ssh_config, accept_new, parallel, timeout), done)
