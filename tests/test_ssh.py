@@ -335,8 +335,9 @@ def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node
         for name in os.listdir(folder):
             os.chmod(os.path.join(folder, name), 0o755)
         p = probe.build({"nvml_lib": os.path.join(folder, "libnvidia-ml.so.1"), "http": False})
+        env = {k: v for k, v in os.environ.items() if k != "FAKE_NVML_SCENARIO"}  # use the scenario beside the copy
         proc = subprocess.run(["/usr/bin/python3", "-I", "-"], input=p.script, capture_output=True, timeout=60, cwd=folder,
-                              preexec_fn=lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid)))
+                              env=env, preexec_fn=lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid)))
         snap = probe.parse_answer(proc.stdout, p)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
