@@ -4,13 +4,14 @@ Pure: a snapshot dict in (``collectors/snapshot.py``), an ``Inspection`` out. Pe
 ledger splits NVML's used memory into the engine's logged items (weights, KV pool, graphs,
 draft, workspaces), the rest of the engine process (CUDA context, allocator cache,
 activations), other processes, PIDs that no longer exist, and what no process accounts for.
-Findings and recommendations here rest on measurement (NVML now), not on the startup log.
+Findings and recommendations here rest on measurement: NVML now, or the engine run's recorded
+low-water mark when ``kvforensics record`` has history for it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.analysis import Analysis, analyze_startup
@@ -52,9 +53,6 @@ class GpuLedger:
     items: Tuple[Tuple[str, Optional[int], str], ...] = ()  # (label, bytes, source), sums to used
     problems: Tuple[Problem, ...] = ()
 
-    def item(self, label: str) -> Optional[int]:
-        return next((b for name, b, _ in self.items if name == label), None)
-
 
 @dataclass(frozen=True)
 class Inspection:
@@ -69,7 +67,6 @@ class Inspection:
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
     collected_nothing: bool = False
-    engine_pids: Tuple[int, ...] = field(default_factory=tuple)
     history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
 
 
@@ -202,7 +199,7 @@ def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options, history: 
             or any(g.status != "ok" for g in gpus):
         status = "partial"
     insp = Inspection(target, status, tuple(problems), snap, analysis, gpus, host, opts,
-                      collected_nothing=nothing, engine_pids=tuple(sorted(engine_pids)), history=history)
+                      collected_nothing=nothing, history=history)
     found = _findings(insp, engine)
     recs = _recommendations(insp)
     return replace(insp, findings=tuple(found), recommendations=tuple(recs))

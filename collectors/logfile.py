@@ -73,9 +73,7 @@ class LogExcerpt:
     index: Optional[int]  # 1-based from the start of the file; None when not all was read
     index_from_end: int  # -1 = the last startup
     count: Optional[int]  # startups in the file; None when the start of the file was not read
-    seen: int  # startups actually read
     window_start: int  # byte offset where reading began
-    size_bytes: Optional[int]
     notes: Tuple[str, ...]  # what the reader could not do, in plain words
 
 
@@ -329,9 +327,7 @@ def _choose(startups: List[Startup], source: str, which: int, complete: bool, wi
         index=pos + 1 if complete else None,
         index_from_end=pos - n,
         count=n if complete else None,
-        seen=n,
         window_start=window_start,
-        size_bytes=size,
         notes=notes if complete else notes + (
             "only the last {:.1f} MiB were read: {} startup(s) there; earlier ones were not counted".format(
                 ((size or 0) - window_start) / (1 << 20), n),),
