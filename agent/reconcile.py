@@ -17,9 +17,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from agent.analysis import Analysis, analyze_startup
 from agent.ledger import RankLedger
 from agent.recommend import gain_requests
-from agent.records import Finding, Options, Problem, Recommendation
+from agent.records import Finding, Options, Problem, Recommendation, most_severe_first
 from agent.rules import IMBALANCE_WARN_BYTES, UNUSED_WARN_BYTES, gib
 from collectors.sglang_log import parse_line
+from collectors.snapshot import primary_engine
 from collectors.startups import StartupSegmenter
 
 HOST_RESERVE_BYTES = 10 << 30  # SGLang keeps 10 GiB of host RAM free for HiCache (research §5)
@@ -170,8 +171,6 @@ def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options, history: 
     for note in (snap.get("engine_log") or {}).get("notes", []):
         problems.append(Problem("engine_log.reader", note))
     engine_list = (snap.get("engines") or {}).get("engines", [])
-    from collectors.snapshot import primary_engine
-
     engine = primary_engine(engine_list, snap.get("nvml") or {})
     engine_pids = set()
     scheduler_ranks: Dict[int, str] = {}
@@ -233,7 +232,7 @@ def _findings(insp: Inspection, engine: Optional[Dict[str, Any]]) -> List[Findin
         out.append(Finding("engine_not_found", "info", "No SGLang server or scheduler process on this node",
                            "Looked for `sglang.launch_server`, `sglang serve` and `sglang::scheduler*` command lines "
                            "in /proc.", None, ("/proc/*/cmdline",)))
-    elif engine is not None and insp.analysis is None:
+    elif insp.analysis is None:
         log = insp.snapshot.get("engine_log") or {}
         why = "; ".join(p["message"] for p in log.get("problems", [])) or "no startup lines"
         out.append(Finding("engine_log_missing", "warning", "The engine's startup log could not be read",
@@ -250,8 +249,7 @@ def _findings(insp: Inspection, engine: Optional[Dict[str, Any]]) -> List[Findin
     out.extend(_imbalance(insp))
     out.extend(_concurrency(insp))
     out.extend(_host_ram(insp))
-    order = {"critical": 0, "error": 1, "warning": 2, "info": 3}
-    return sorted(out, key=lambda f: order[f.severity])
+    return most_severe_first(out)
 
 
 def _min_free(insp: Inspection) -> Optional[GpuLedger]:

@@ -12,6 +12,11 @@ def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity)
 
 
+def most_severe_first(findings):  # type: ignore[no-untyped-def]
+    """Findings sorted critical → info (stable within a severity)."""
+    return sorted(findings, key=lambda f: -severity_rank(f.severity))
+
+
 @dataclass(frozen=True)
 class Problem:
     """Something kvforensics could not do or could not know, with the reason."""

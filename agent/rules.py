@@ -9,7 +9,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from agent.analysis import Analysis
 from agent.ledger import RankLedger, where
-from agent.records import Finding
+from agent.records import Finding, most_severe_first
 from collectors.sglang_log import GIB
 
 UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
@@ -318,5 +318,4 @@ def evaluate(a: Analysis) -> List[Finding]:
     out: List[Finding] = []
     for rule in RULES:
         out.extend(rule(a))
-    order = {"critical": 0, "error": 1, "warning": 2, "info": 3}
-    return sorted(out, key=lambda f: order[f.severity])
+    return most_severe_first(out)

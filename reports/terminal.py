@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from agent.analysis import Analysis
 from agent.ledger import RankLedger, RunnerLedger
 from agent.reconcile import GpuLedger, Inspection
-from agent.records import Finding, Recommendation
+from agent.records import Finding, Recommendation, severity_rank
 from agent.rules import reserve_breakdown
 
 GIB = 1 << 30
@@ -372,8 +372,6 @@ def _when(ts: Optional[float]) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-_SEV_ORDER = {"critical": 0, "error": 1, "warning": 2, "info": 3}
-
 
 def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
     """(host, status, GPUs, engine, model, KV tokens, unused GiB, worst finding) per target, in order."""
@@ -391,7 +389,7 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
         elif engines and engines[0].get("server_args", {}).get("model_path"):
             model = str(engines[0]["server_args"]["model_path"]).rstrip("/").rsplit("/", 1)[-1]
         unused = next((f.bytes for f in i.findings if f.code == "unused_gpu_memory"), None)
-        worst = min(i.findings, key=lambda f: _SEV_ORDER[f.severity], default=None)
+        worst = max(i.findings, key=lambda f: severity_rank(f.severity), default=None)
         rows.append((i.target.split(":", 1)[-1], i.status, str(len(i.gpus)),
                      "SGLang " + a.era.hint if a else ("SGLang (no log)" if engines else "—"), model or "—",
                      "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
