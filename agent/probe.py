@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from collectors.probe import MARKER, VERSION, canonical
+from collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 
 REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches a remote shell
 _PACKAGE = Path(__file__).resolve().parent.parent / "collectors"
@@ -135,6 +136,8 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
     snap = answer.get("snapshot")
     if hashlib.sha256(canonical(snap).encode("ascii")).hexdigest() != answer.get("checksum"):
         raise ProbeError("probe.checksum", "the probe's snapshot failed its checksum")
+    if not isinstance(snap, dict) or snap.get("schema") != SNAPSHOT_SCHEMA:
+        raise ProbeError("probe.invalid_answer", "the probe's answer holds no kvforensics snapshot")
     return snap
 
 

@@ -202,7 +202,7 @@ def _load_key(path: str, interactive: bool, notes: List[str]) -> Optional[parami
             notes.append("skipped {}: it needs a passphrase and this is not a terminal".format(path))
             return None
         try:
-            return paramiko.PKey.from_path(path, getpass.getpass("Passphrase for {}: ".format(path)).encode())
+            return paramiko.PKey.from_path(path, getpass.getpass("Passphrase for {}: ".format(path)))
         except (paramiko.SSHException, ValueError, TypeError) as exc:
             notes.append("could not unlock {}: {}".format(path, exc))
             return None

@@ -252,8 +252,8 @@ def _scan_window(src: _Blocks, start: int, anchor: int,
 def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool) -> LogExcerpt:
     binary = b"\x00" in src.read(0, 8192)
     if which > 0 or size <= WHOLE_FILE_BYTES:
-        seg, notes = _scan_window(src, 0, size, 0)
-        return _choose(seg.result(), source, which, True, 0, size, tuple(notes), binary)
+        seg, whole_notes = _scan_window(src, 0, size, 0)
+        return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary)
     anchor = src.rfind(ANCHOR)
     if anchor == -1:
         anchor = src.rfind(b"server_args=")

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 NAME = "nvml"
 _NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong
 _BAD_PIDS = (0, 0xFFFFFFFF)  # what a process-struct size mismatch leaves behind (nvitop#75)
+_IMPLAUSIBLE_BYTES = 1 << 50  # 1 PiB per process: only a shifted struct reads like that
 
 # One sentence per init failure, saying what to do (shared research peers.md §3.3).
 _INIT_MESSAGES = {
@@ -222,9 +223,9 @@ def _process_list(nv: Any, handle: Any, kind: str) -> Tuple[Optional[List[Dict[s
         if prob:
             problems.append(_problem(prob[0], "{} processes: {}".format(kind, prob[1])))
             return None, None, problems
-        procs = [{"pid": int(p.pid), "used_bytes": _used(p.usedGpuMemory), "type": kind, "api": prefix + suffix}
-                 for p in raw]
-        if any(p["pid"] in _BAD_PIDS or (p["used_bytes"] or 0) > (1 << 50) for p in procs):
+        procs: List[Dict[str, Any]] = [
+            {"pid": int(p.pid), "used_bytes": _used(p.usedGpuMemory), "type": kind, "api": prefix + suffix} for p in raw]
+        if any(p["pid"] in _BAD_PIDS or (p["used_bytes"] or 0) > _IMPLAUSIBLE_BYTES for p in procs):
             # R535.43-535.86 wrote a larger struct into the _v3 array: every later row is shifted.
             problems.append(_problem("nvml.process_list_corrupt",
                                      "{}{} returned a corrupt list (driver/struct mismatch); used the next "

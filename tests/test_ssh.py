@@ -373,3 +373,18 @@ def test_keys_from_a_real_ssh_agent(env, server, keys, tmp_path, monkeypatch):
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_probe_answer_without_a_snapshot_is_refused():
+    import hashlib
+
+    from agent import probe
+    from collectors.probe import MARKER, canonical
+
+    p = probe.build({})
+    for snap in (None, [], {"schema": "something else"}):
+        answer = {"version": 1, "code_sha256": p.code_sha256, "snapshot": snap,
+                  "checksum": hashlib.sha256(canonical(snap).encode()).hexdigest()}
+        with pytest.raises(probe.ProbeError) as exc:
+            probe.parse_answer((MARKER + canonical(answer)).encode(), p)
+        assert exc.value.code == "probe.invalid_answer"
