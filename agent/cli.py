@@ -146,6 +146,7 @@ def inspect(
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown hosts' keys (like StrictHostKeyChecking accept-new); changed keys are always refused."),
     parallel: int = typer.Option(16, "--parallel", help="Hosts inspected at once."),
     db: Optional[str] = typer.Option(None, "--db", help="History from kvforensics record, read for this node's recommendations (default as for record)."),
+    engine: Optional[int] = typer.Option(None, "--engine", help="Port of the SGLang server to explain when a node runs several (default: the one holding most GPU memory)."),
     timeout: float = typer.Option(30.0, "--timeout", help="Deadline per host, in seconds (connect, authenticate, probe)."),
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
 ) -> None:
@@ -174,7 +175,7 @@ def inspect(
     if save is not None and len(names) > 1:
         raise UsageProblem("--save writes one bundle: name one target")
     probe_options = {"nvml_lib": nvml_lib, "log": log, "startup": startup, "model_config_path": model_config,
-                     "http": http}
+                     "http": http, "engine": engine}
     # One entry per target, in the order given: (target, snapshot) or (target, failure)
     entries: List[tuple] = []
     if from_file is not None:
@@ -269,6 +270,7 @@ def record(
     log: Optional[str] = typer.Option(None, "--log", help="The engine's log: PATH, journal:UNIT or docker:NAME."),
     model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json or model directory."),
     http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics."),
+    engine: Optional[int] = typer.Option(None, "--engine", help="Port of the SGLang server to record when a node runs several."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (for cron)."),
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
@@ -290,7 +292,7 @@ def record(
     opts = _options(margin, request_tokens)
 
     def collect():
-        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http)
+        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
 
     try:
         with history.Lock(path):

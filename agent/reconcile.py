@@ -20,7 +20,7 @@ from agent.recommend import gain_requests
 from agent.records import Finding, Options, Problem, Recommendation, most_severe_first
 from agent.rules import IMBALANCE_WARN_BYTES, UNUSED_WARN_BYTES, gib
 from collectors.sglang_log import parse_line
-from collectors.snapshot import primary_engine
+from collectors.snapshot import engine_port, selected_engine
 from collectors.startups import StartupSegmenter
 
 HOST_RESERVE_BYTES = 10 << 30  # SGLang keeps 10 GiB of host RAM free for HiCache (research §5)
@@ -68,6 +68,8 @@ class Inspection:
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
     collected_nothing: bool = False
+    engine: Optional[str] = None  # "sglang-<port>" of the engine explained
+    engine_args: Optional[Dict[str, Any]] = None  # its flags from the command line (secrets redacted)
     history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
 
 
@@ -102,8 +104,13 @@ def _rank_ledger(analysis: Optional[Analysis], rank: Optional[str]) -> Optional[
     return next((r for r in analysis.ranks if r.rank == rank), None)
 
 
+def _engine_processes(engine: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return list(engine.get("schedulers", [])) + list(engine.get("helpers", [])) + (
+        [engine["server"]] if engine.get("server") else [])
+
+
 def _gpu_ledger(gpu: Dict[str, Any], procs: Dict[str, Any], scheduler_ranks: Dict[int, str],
-                engine_pids: set, analysis: Optional[Analysis]) -> GpuLedger:
+                engine_pids: set, other_pids: set, analysis: Optional[Analysis]) -> GpuLedger:
     processes: List[GpuProcess] = []
     rank = None
     for p in gpu.get("processes", []):
@@ -112,6 +119,8 @@ def _gpu_ledger(gpu: Dict[str, Any], procs: Dict[str, Any], scheduler_ranks: Dic
             owner = "orphaned"
         elif p["pid"] in engine_pids:
             owner = "engine"
+        elif p["pid"] in other_pids:
+            owner = "other_engine"
         else:
             owner = "foreign"
         r = scheduler_ranks.get(p["pid"])
@@ -144,12 +153,15 @@ def _gpu_ledger(gpu: Dict[str, Any], procs: Dict[str, Any], scheduler_ranks: Dic
                       if logged else "nvmlDeviceGetComputeRunningProcesses"))
     foreign = sum(p.used_bytes or 0 for p in processes if p.owner == "foreign")
     orphaned = sum(p.used_bytes or 0 for p in processes if p.owner == "orphaned")
+    others = sum(p.used_bytes or 0 for p in processes if p.owner == "other_engine")
+    if others:
+        items.append(("other SGLang engines", others, "NVML process list: another server's schedulers"))
     if foreign:
         items.append(("other processes", foreign, "NVML process list"))
     if orphaned:
         items.append(("PIDs that no longer exist", orphaned, "NVML process list, absent from /proc"))
     if used is not None and all(p.used_bytes is not None for p in processes):
-        items.append(("no process (driver, other namespaces)", used - engine_used - foreign - orphaned,
+        items.append(("no process (driver, other namespaces)", used - engine_used - others - foreign - orphaned,
                       "NVML used − Σ process used"))
     if gpu.get("reserved_bytes") is not None:
         items.append(("reserved by the driver", gpu["reserved_bytes"], "nvmlDeviceGetMemoryInfo_v2 reserved"))
@@ -171,7 +183,9 @@ def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options, history: 
     for note in (snap.get("engine_log") or {}).get("notes", []):
         problems.append(Problem("engine_log.reader", note))
     engine_list = (snap.get("engines") or {}).get("engines", [])
-    engine = primary_engine(engine_list, snap.get("nvml") or {})
+    engine = selected_engine(snap)
+    others = [e for e in engine_list if e is not engine]
+    other_pids = {p["pid"] for e in others for p in _engine_processes(e)}
     engine_pids = set()
     scheduler_ranks: Dict[int, str] = {}
     if engine:
@@ -184,7 +198,7 @@ def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options, history: 
             engine_pids.add(engine["server"]["pid"])
     analysis = _analysis(snap, engine, target, opts)
     procs = (snap.get("gpu_processes") or {}).get("processes", {})
-    gpus = tuple(_gpu_ledger(g, procs, scheduler_ranks, engine_pids, analysis)
+    gpus = tuple(_gpu_ledger(g, procs, scheduler_ranks, engine_pids, other_pids, analysis)
                  for g in (snap.get("nvml") or {}).get("gpus", []))
     for g in gpus:
         problems.extend(g.problems)
@@ -198,8 +212,10 @@ def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options, history: 
             or any(g.status != "ok" for g in gpus):
         status = "partial"
     insp = Inspection(target, status, tuple(problems), snap, analysis, gpus, host, opts,
-                      collected_nothing=nothing, history=history)
-    found = _findings(insp, engine)
+                      collected_nothing=nothing, history=history,
+                      engine=None if engine is None else "sglang-{}".format(engine_port(engine)),
+                      engine_args=None if engine is None else dict(engine.get("server_args") or {}))
+    found = _findings(insp, engine) + _other_engines(insp, others)
     recs = _recommendations(insp)
     return replace(insp, findings=tuple(found), recommendations=tuple(recs))
 
@@ -431,6 +447,22 @@ def _host_ram(insp: Inspection) -> List[Finding]:
                         off.per_rank_bytes / 1e9, off.size_gb, a.budget.cell_bytes,
                         " HiCache is already enabled." if enabled else ""),
                     off.per_rank_bytes * off.ranks, ("/proc/meminfo MemAvailable",))]
+
+
+def _other_engines(insp: Inspection, others: List[Dict[str, Any]]) -> List[Finding]:
+    servers = [e for e in others if e.get("server")]
+    if not servers:
+        return []
+    parts = []
+    for e in servers:
+        pids = {s["pid"] for s in e.get("schedulers", [])}
+        gpus = sorted({g.index for g in insp.gpus for p in g.processes if p.pid in pids})
+        model = e.get("server_args", {}).get("model_path") or "?"
+        parts.append("port {} ({}, {} scheduler(s) on GPU {})".format(
+            engine_port(e), model, len(pids), ",".join(map(str, gpus)) or "none"))
+    return [Finding("other_engines", "info", "{} more SGLang server(s) on this node".format(len(servers)),
+                    "Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
+                        insp.engine or "none", "; ".join(parts)), None, ("/proc/*/cmdline",))]
 
 
 # --- recommendations -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from agent import history
 from agent.reconcile import Inspection, inspect_snapshot
 from agent.records import Options
+from collectors.snapshot import selected_engine
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,10 @@ def run_key(snap: Dict[str, Any]) -> str:
     A restart (new flags, a crash loop) is a new process, hence a new run with fresh
     low-water marks. Without an engine, samples go to a per-boot "no engine" run.
     """
-    engines = (snap.get("engines") or {}).get("engines") or []
-    server = engines[0].get("server") if engines else None
-    if server is None and engines and engines[0].get("schedulers"):
-        server = engines[0]["schedulers"][0]
+    engine = selected_engine(snap)
+    server = engine.get("server") if engine else None
+    if server is None and engine and engine.get("schedulers"):
+        server = engine["schedulers"][0]
     if server is None:
         return "no-engine:{}".format(boot_id())
     raw = "{}:{}:{}".format(boot_id(), server["pid"], server.get("start_time_s"))
@@ -86,11 +87,10 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
             now = time.time()
             a = insp.analysis
             key = run_key(snap)
-            engines = (snap.get("engines") or {}).get("engines") or []
-            args = engines[0].get("server_args", {}) if engines else {}
+            engine = selected_engine(snap)
+            args = engine.get("server_args", {}) if engine else {}
             run_id = history.upsert_run(
-                conn, key, now, host=snap.get("hostname"),
-                engine="sglang-{}".format(args.get("port", 30000)) if engines else None,
+                conn, key, now, host=snap.get("hostname"), engine=insp.engine,
                 started_at=None, version_hint=a.era.hint if a else None,
                 model=str(args.get("model_path")) if args.get("model_path") else None,
                 mem_fraction_static=a.budget.mfs if a else None, pre_load_free_bytes=a.budget.pre_min_bytes if a else None,

@@ -19,7 +19,7 @@ from collectors import snapshot
 
 MARKER = "KVF-PROBE "
 VERSION = 1
-ALLOWED = ("nvml_lib", "log", "startup", "model_config_path", "http")
+ALLOWED = ("nvml_lib", "log", "startup", "model_config_path", "http", "engine")
 
 
 def canonical(data: Any) -> str:

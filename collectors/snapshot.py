@@ -66,10 +66,31 @@ def _gpu_processes(root: str, nvml_section: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The engine holding the most GPU memory (the one worth explaining first)."""
+def engine_port(engine: Dict[str, Any]) -> int:
+    port = engine.get("server_args", {}).get("port", 30000)
+    return port if isinstance(port, int) else 30000
+
+
+def selected_engine(snap: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The engine a snapshot explains: the one chosen at collection time (see ``collect``)."""
+    section = snap.get("engines") or {}
+    engine_list = section.get("engines") or []
+    index = section.get("selected")
+    if isinstance(index, int) and 0 <= index < len(engine_list):
+        return engine_list[index]
+    if "selected" in section:  # chosen, but none matched (--engine PORT absent)
+        return None
+    return primary_engine(engine_list, snap.get("nvml") or {})
+
+
+def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any],
+                   port: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """The engine on ``port`` if given, else the one holding the most GPU memory (the one worth
+    explaining first on a node that runs several servers)."""
     if not engine_list:
         return None
+    if port is not None:
+        return next((e for e in engine_list if e.get("server") and engine_port(e) == port), None)
     used: Dict[int, int] = {}
     for gpu in nvml_section.get("gpus", []):
         for p in gpu.get("processes", []):
@@ -82,7 +103,9 @@ def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, An
 
 
 def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None, startup: int = -1,
-            model_config_path: Optional[str] = None, http: bool = True, strict: bool = False) -> Dict[str, Any]:
+            model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
+            engine: Optional[int] = None) -> Dict[str, Any]:
+    """``engine``: the port of the SGLang server to explain (default: the one with most GPU memory)."""
     runs: List[Dict[str, Any]] = []
     snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(), "taken_at_unix_s": round(time.time(), 3),
                             "probe": {"python": platform.python_version(), "platform": sys.platform}}
@@ -91,9 +114,15 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
     snap["engines"] = _run(engines.NAME, lambda: engines.collect(root), runs, strict)
     snap["gpu_processes"] = _run("gpu_processes", lambda: {"status": "ok", "processes": _gpu_processes(root, snap["nvml"])},
                                  runs, strict)
-    engine = primary_engine(snap["engines"].get("engines", []), snap["nvml"])
-    server = engine.get("server") if engine else None
-    args = engine.get("server_args", {}) if engine else {}
+    engine_list = snap["engines"].get("engines", [])
+    chosen = primary_engine(engine_list, snap["nvml"], engine)
+    snap["engines"]["selected"] = next((i for i, e in enumerate(engine_list) if e is chosen), None)
+    if engine is not None and chosen is None:
+        snap["engines"].setdefault("problems", []).append({"code": "engines.port_not_found", "message": (
+            "no SGLang server on port {} (servers here: {})".format(engine, ", ".join(
+                str(engine_port(e)) for e in engine_list if e.get("server")) or "none"))})
+    server = chosen.get("server") if chosen else None
+    args = chosen.get("server_args", {}) if chosen else {}
 
     # Log parsing (dozens of regexes), HTTP and config reading are imported only when there is
     # something to read: on a host without an engine the probe starts ~40 ms sooner (bench/).
@@ -134,7 +163,7 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
         snap["model_config"] = _run("model_config", config_section, runs, strict)
     else:
         snap["model_config"] = {"status": "absent", "path": None, "config": None, "problems": []}
-    if http and engine is not None and server is not None:
+    if http and chosen is not None and server is not None:
         from collectors import engine_http
 
         snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args), runs, strict)

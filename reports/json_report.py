@@ -115,9 +115,8 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
     if insp.analysis is not None:
         d = target_dict(insp.analysis)
     else:
-        engines = (insp.snapshot.get("engines") or {}).get("engines") or []
         d = {"engine": {"name": "sglang", "version_hint": None, "version_clues": [],
-                        "server_args": redact(engines[0].get("server_args", {}))} if engines else None,
+                        "server_args": redact(insp.engine_args)} if insp.engine_args is not None else None,
              "startup": None}
     d["target"] = insp.target
     d["status"] = insp.status

@@ -18,11 +18,7 @@ PREFIX = "kvforensics_"
 
 
 def engine_label(insp: Inspection) -> Optional[str]:
-    engines = (insp.snapshot.get("engines") or {}).get("engines") or []
-    if not engines:
-        return None
-    port = engines[0].get("server_args", {}).get("port", 30000)
-    return "sglang-{}".format(port)
+    return insp.engine
 
 
 def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, samples: Optional[int] = None,

@@ -282,7 +282,7 @@ def _plus(n: Optional[int]) -> str:
 
 GPU_COLOURS = {"weights": "blue", "KV pool": "green", "Mamba state": "green4", "CUDA graphs": "magenta",
                "workspaces + req_to_token": "grey62", "draft model": "dark_orange", "engine, not in the log": "grey50",
-               "engine process": "grey50", "other processes": "red", "PIDs that no longer exist": "bright_red",
+               "engine process": "grey50", "other SGLang engines": "cyan", "other processes": "red", "PIDs that no longer exist": "bright_red",
                "no process (driver, other namespaces)": "yellow", "reserved by the driver": "grey37"}
 
 
@@ -382,16 +382,15 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
             rows.append((target.split(":", 1)[-1], status, "—", "—", "—", "—", "—", message))
             continue
         a = i.analysis
-        engines = (i.snapshot.get("engines") or {}).get("engines") or []
         model = ""
         if a is not None and a.server_args.get("model_path"):
             model = str(a.server_args["model_path"]).rstrip("/").rsplit("/", 1)[-1]
-        elif engines and engines[0].get("server_args", {}).get("model_path"):
-            model = str(engines[0]["server_args"]["model_path"]).rstrip("/").rsplit("/", 1)[-1]
+        elif i.engine_args and i.engine_args.get("model_path"):
+            model = str(i.engine_args["model_path"]).rstrip("/").rsplit("/", 1)[-1]
         unused = next((f.bytes for f in i.findings if f.code == "unused_gpu_memory"), None)
         worst = max(i.findings, key=lambda f: severity_rank(f.severity), default=None)
         rows.append((i.target.split(":", 1)[-1], i.status, str(len(i.gpus)),
-                     "SGLang " + a.era.hint if a else ("SGLang (no log)" if engines else "—"), model or "—",
+                     "SGLang " + a.era.hint if a else ("SGLang (no log)" if i.engine else "—"), model or "—",
                      "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
                      _gib(unused) if unused else "—",
                      "{} {}".format(worst.severity, worst.code) if worst else "—"))

@@ -249,3 +249,41 @@ def test_live_metrics_from_the_engine_on_loopback(tmp_path, fake_lib, monkeypatc
 def test_help_mentions_inspect():
     code, out, _ = run_cli(["inspect", "--help"])
     assert code == 0 and "--nvml-lib" in out and "--save" in out and "--from" in out
+
+
+def test_two_engines_on_one_node(tmp_path, fake_lib, monkeypatch):
+    """Two servers, TP4 each (ports 30001 on GPUs 0-3, 30002 on GPUs 4-7): neither is 'foreign'."""
+    a = FakeNode(tmp_path / "a", tp=4, extra_flags=["--port", "30001"])
+    b = FakeNode(tmp_path / "b", tp=4, extra_flags=["--port", "30002"])
+    a.start()
+    try:
+        b.start()
+        try:
+            lines = ["driver 580.95.05"]
+            for gpu in range(8):
+                node, rank = (a, gpu) if gpu < 4 else (b, gpu - 4)
+                used = (80 if node is a else 70) * GIB
+                lines.append("gpu {} uuid=GPU-{} name=X bus=00000000:{:02X}:00.0 total={} reserved={} used={}".format(
+                    gpu, gpu, 0x18 + gpu, TOTAL, RESERVED, used))
+                lines.append("proc {} compute {} {}".format(gpu, node.scheduler_pids[rank], used))
+            scenario = tmp_path / "two.txt"
+            scenario.write_text("\n".join(lines) + "\n")
+            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario))
+            code, default, _ = _inspect()
+            code, second, _ = _inspect("--engine", "30002")
+            code, missing, _ = _inspect("--engine", "39999")
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+    codes = _codes(default)
+    assert "foreign_gpu_process" not in codes
+    assert "port 30002" in codes["other_engines"]["detail"] and "GPU 4,5,6,7" in codes["other_engines"]["detail"]
+    assert [g["rank"] for g in default["gpus"]] == ["TP0", "TP1", "TP2", "TP3", None, None, None, None]
+    assert {p["owner"] for g in default["gpus"][4:] for p in g["processes"]} == {"other_engine"}
+    assert default["gpus"][5]["ledger"][0] == {"item": "other SGLang engines", "bytes": 70 * GIB,
+                                               "source": "NVML process list: another server's schedulers"}
+    assert [g["rank"] for g in second["gpus"]] == [None, None, None, None, "TP0", "TP1", "TP2", "TP3"]
+    assert "port 30001" in _codes(second)["other_engines"]["detail"]
+    assert any(p["code"] == "engines.port_not_found" and "30001, 30002" in p["message"] for p in missing["problems"])
+    assert all(g["rank"] is None for g in missing["gpus"])
