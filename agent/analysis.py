@@ -129,7 +129,9 @@ def analyze_startup(startup: Startup, target: str, opts: Options, index: Optiona
                              _draft_loaded_first(attributed),
                              "server_args mem_fraction_static ({})".format(where(args_ev)) if args_ev
                              and "mem_fraction_static" in args_ev.data["args"]
-                             else "the server's command line (--mem-fraction-static)")
+                             else "the server's command line (--mem-fraction-static)",
+                             next((e.data["full_tokens"] for e in attributed.other
+                                   if e.kind == "swa_split" and e.data.get("full_tokens")), None))
     reserve_src = ""
     if bud.reserve_bytes is not None:
         reserve_src = "pre-load free (min over ranks) × (1 − mem_fraction_static {:g}; {})".format(

@@ -87,7 +87,7 @@ def _min(values: List[Optional[int]]) -> Optional[int]:
 def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_size: int,
             cell_from_config: Optional[int], cell_config_formula: str,
             mm_reserve: int, rows: Optional[int], draft_first: bool,
-            mfs_origin: str = "server_args mem_fraction_static") -> Budget:
+            mfs_origin: str = "server_args mem_fraction_static", swa_full_tokens: Optional[int] = None) -> Budget:
     """``draft_first``: the draft's weights loaded before the target KV pool was sized (0.5.14+
     order), so the profile saw them and the draft's KV is part of the cell."""
     steps: List[str] = []
@@ -99,10 +99,14 @@ def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_
         post = _min([r.target.post_load_avail_bytes for r in ranks])
         post_source = "'Load weight end' avail"
     logged = next((r.target.kv_tokens for r in ranks if r.target.kv_tokens is not None), None)
+    if swa_full_tokens:
+        # Hybrid sliding-window pools: the budget is counted in full-attention tokens (each also
+        # paying for its share of SWA tokens), and a KV line's #tokens may be the SWA count.
+        logged = swa_full_tokens
     mamba = max([r.target.mamba_bytes or 0 for r in ranks] or [0])
 
     cell, cell_lo, cell_hi, cell_source = _cell(ranks, page_size, draft_first, cell_from_config,
-                                                cell_config_formula)
+                                                cell_config_formula, swa_full_tokens)
     raw_mfs = args.get("mem_fraction_static")
     mfs = float(raw_mfs) if isinstance(raw_mfs, (int, float)) else None
     mfs_source = mfs_origin if mfs is not None else ""
@@ -175,13 +179,19 @@ def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_
 
 
 def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
-          from_config: Optional[int], config_formula: str
+          from_config: Optional[int], config_formula: str, swa_full_tokens: Optional[int] = None
           ) -> Tuple[Optional[int], Optional[float], Optional[float], str]:
     """Bytes per token the budget is divided by, and its uncertainty when taken from the log."""
     for r in ranks:
         t = r.target
         if t.kv_tokens is None or t.kv_bytes is None:
             continue
+        if swa_full_tokens:  # every pool's bytes per full-attention token (SGLang 0.5.11+ hybrid SWA)
+            rows = swa_full_tokens + page_size
+            kv = t.kv_bytes
+            half = HALF * 4  # two pool lines, K and V each
+            return (int(round(kv / rows)), (kv - half) / rows, (kv + half) / rows,
+                    "all KV pools' bytes / (full-attention tokens + page_size) from the log (hybrid SWA)")
         rows = t.kv_tokens + page_size
         kv_bytes = t.kv_bytes
         n_pools = 1

@@ -269,3 +269,29 @@ def test_sglang_adjustments_become_findings(tmp_path):
     assert "0.881 to 0.85" in codes["mem_fraction_adjusted"]["title"]
     assert codes["max_running_requests_reduced"]["severity"] == "warning"
     assert codes["hicache_host_pool"]["bytes"] == 60 * 10**9  # decimal GB
+
+
+def test_hybrid_sliding_window_pools_are_budgeted_per_full_token(tmp_path):
+    """0.5.7+ hybrid SWA: a split line, then pool lines whose #tokens is the SWA count."""
+    date = "2026-01-31 13:50:39"
+    full, swa = 375360, 300288  # swa = full x 0.8, page 64
+    cell_full, cell_swa = 24576, 40960  # bytes per token in each pool (different heads/dims)
+    pre, post, mfs = 78.5, 30.0, 0.7
+    rest = gib(post) - round(gib(pre) * (1 - mfs))
+    full = rest // (cell_full + int(0.8 * cell_swa)) // 64 * 64
+    swa = int(full * 0.8) // 64 * 64
+    full_gib = (full + 64) * cell_full / GIB
+    swa_gib = (swa + 64) * cell_swa / GIB
+    args = "server_args=ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1, page_size=64)".format(mfs)
+    lines = ["[{}] {}".format(date, args),
+             "[{}] Load weight begin. avail mem={:.2f} GB".format(date, pre),
+             "[{}] Load weight end. type=MiMoV2FlashForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB, mem usage={:.2f} GB.".format(date, post, pre - post),
+             "[{}] Use sliding window memory pool. full_layer_tokens={}, swa_layer_tokens={}".format(date, full, swa),
+             "[{}] KV Cache is allocated. #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, swa, swa_gib / 2, swa_gib / 2),
+             "[{}] KV Cache is allocated. #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, full, full_gib / 2, full_gib / 2),
+             "[{}] Memory pool end. avail mem=5.00 GB".format(date),
+             "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=256, context_len=32768, available_gpu_mem=4.00 GB".format(date, full)]
+    b = _analyze(tmp_path, lines)["startup"]["budget"]
+    assert b["logged_tokens"] == full
+    assert "hybrid SWA" in b["bytes_per_token_source"]
+    assert b["verdict"] == "agrees", b
