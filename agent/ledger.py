@@ -12,7 +12,7 @@ own free figures say went missing beyond the items is the unexplained remainder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from agent.attribution import Attributed, RankEvents, RunnerEvents
@@ -114,12 +114,6 @@ def runner_ledger(runner: RunnerEvents, page_size: int) -> RunnerLedger:
         put("mamba_bytes", total, mamba[0], "Mamba Cache is allocated, conv + ssm state")
     pool_end = runner.first("pool_end")
     put("pool_end_avail_bytes", pool_end and pool_end.data["avail_bytes"], pool_end, "Memory pool end")
-    graph_begin = next((g for g in runner.all("graph_begin") if g.data.get("avail_bytes") is not None), None)
-    if pool_end is not None and graph_begin is not None:
-        gap = pool_end.data["avail_bytes"] - graph_begin.data["avail_bytes"]
-        if gap >= 0:
-            put("workspace_bytes", gap, graph_begin, "attention workspaces: Memory pool end ({}) − "
-                "first Capture … begin avail".format(where(pool_end)))
     ends = [g for g in runner.all("graph_end") if g.data.get("used_bytes") is not None]
     if ends:
         put("graph_bytes", sum(g.data["used_bytes"] for g in ends), ends[-1],
@@ -141,10 +135,43 @@ def last_avail(rank: RankEvents, summary: Optional[LogEvent]) -> Tuple[Optional[
     return (best.data["avail_bytes"], best) if best else (None, None)
 
 
+def _order(ev: LogEvent) -> Tuple[int, int]:
+    return (ev.offset, ev.line or 0)
+
+
+def _workspace(rank: RankEvents, runner: RunnerEvents, ledger: RunnerLedger) -> RunnerLedger:
+    """Attention workspaces: the free memory lost between the last checkpoint before a runner's
+    first graph capture and that capture.
+
+    The checkpoint may be the other runner's: 0.5.14+ logs target KV, pool end, draft KV, pool
+    end, then target graphs, so the target's own ``Memory pool end`` would count the draft KV
+    too. ≤0.5.13 is sequential and the checkpoint is the runner's own pool end.
+    """
+    first = next((g for g in runner.all("graph_begin") if g.data.get("avail_bytes") is not None), None)
+    if first is None:
+        return ledger
+    checkpoints = [e for e in rank.target.events + rank.draft.events
+                   if e.kind in ("pool_end", "graph_end", "load_end") and e.data.get("avail_bytes") is not None
+                   and _order(e) < _order(first)]
+    if not checkpoints:
+        return ledger
+    prev = max(checkpoints, key=_order)
+    if prev.kind != "pool_end":  # a gap after graphs or weights is not the attention workspaces
+        return replace(ledger, workspace_bytes=None,
+                       sources={k: v for k, v in ledger.sources.items() if k != "workspace_bytes"})
+    gap = prev.data["avail_bytes"] - first.data["avail_bytes"]
+    if gap < 0:
+        return ledger
+    sources = dict(ledger.sources)
+    sources["workspace_bytes"] = "{}: attention workspaces: last Memory pool end ({}) − first Capture … begin avail".format(
+        where(first), where(prev))
+    return replace(ledger, workspace_bytes=gap, sources=sources)
+
+
 def rank_ledger(rank: RankEvents, page_size: int, reserve: Optional[int], reserve_src: str,
                 req_to_token: Optional[int], req_src: str, summary: Optional[LogEvent]) -> RankLedger:
-    target = runner_ledger(rank.target, page_size)
-    draft = runner_ledger(rank.draft, page_size) if rank.has_draft else None
+    target = _workspace(rank, rank.target, runner_ledger(rank.target, page_size))
+    draft = _workspace(rank, rank.draft, runner_ledger(rank.draft, page_size)) if rank.has_draft else None
     final, final_ev = last_avail(rank, summary)
     sources: Dict[str, str] = {}
     if reserve is not None:

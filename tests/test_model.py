@@ -179,6 +179,10 @@ def test_draft_inside_the_budget_from_0_5_14(tmp_path, with_config):
     assert r["rank"] == "" and r["kv_bytes"] == 2 * gib(float("{:.2f}".format(kv_t / 2)))
     assert r["draft"]["kv_bytes"] == 2 * gib(float("{:.2f}".format(kv_d / 2)))
     assert r["graph_bytes"] == gib(0.40) and r["draft"]["graph_bytes"] == gib(0.10)
+    # workspaces start from the draft's Memory pool end (logged after the target's), so the draft
+    # KV allocated in between is not counted twice; the draft's capture follows the target's graphs
+    assert r["workspace_bytes"] == gib(4.90) - gib(4.50)
+    assert r["draft"]["workspace_bytes"] is None
     assert "draft_in_budget" in _codes(t) and "draft_in_reserve" not in _codes(t)
 
 
