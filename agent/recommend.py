@@ -8,9 +8,10 @@ kept free (``--margin``, default 2 GiB) covers runtime activations not seen at s
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from agent.analysis import Analysis
+from agent.budget import Budget
 from agent.records import Recommendation
 from agent.rules import UNUSED_WARN_BYTES, gib, headroom
 
@@ -34,6 +35,20 @@ def gain_requests(a: Analysis, gain_tokens: int) -> Dict[str, Optional[int]]:
     return out
 
 
+def mem_fraction_change(b: Budget, delta_bytes: int) -> Tuple[float, int, int]:
+    """(new --mem-fraction-static, KV bytes gained, KV tokens gained) for moving the KV budget by
+    at most ``delta_bytes`` (negative: give memory back).
+
+    The budget moves by Δf × pre-load free (min over ranks); the value is rounded down to 3
+    decimals (the precision SGLang's own defaults use) so a raise never exceeds the spare memory.
+    """
+    assert b.mfs is not None and b.pre_min_bytes and b.cell_bytes
+    new = math.floor((b.mfs + delta_bytes / b.pre_min_bytes) * 1000) / 1000
+    gain = int((new - b.mfs) * b.pre_min_bytes)
+    tokens = gain // b.cell_bytes if gain >= 0 else -((-gain) // b.cell_bytes)
+    return new, gain, tokens
+
+
 def raise_mem_fraction(a: Analysis) -> Iterator[Recommendation]:
     b = a.budget
     free, src = headroom(a)
@@ -44,13 +59,9 @@ def raise_mem_fraction(a: Analysis) -> Iterator[Recommendation]:
         if spare < 0:
             yield _lower_mem_fraction(a, -spare, free, src)
         return
-    # mem_fraction_static moves the budget by Δf × pre-load free; round down to 3 decimals
-    # (the precision SGLang's own defaults use) so the change never exceeds the spare memory.
-    new = math.floor((b.mfs + spare / b.pre_min_bytes) * 1000) / 1000
-    gain = int((new - b.mfs) * b.pre_min_bytes)
+    new, gain, tokens = mem_fraction_change(b, spare)
     if gain <= 0:
         return
-    tokens = gain // b.cell_bytes
     draft_note = ""
     if a.budget.draft_in_budget:
         draft_note = " (bytes per token include the draft's KV, which grows with the target's)"
@@ -65,16 +76,12 @@ def raise_mem_fraction(a: Analysis) -> Iterator[Recommendation]:
 
 
 def _lower_mem_fraction(a: Analysis, short: int, free: int, src: str) -> Recommendation:
-    b = a.budget
-    assert b.mfs is not None and b.pre_min_bytes and b.cell_bytes
-    new = math.floor((b.mfs - short / b.pre_min_bytes) * 1000) / 1000
-    lost = int((b.mfs - new) * b.pre_min_bytes)
-    tokens = lost // b.cell_bytes
+    new, gain, tokens = mem_fraction_change(a.budget, -short)
     return Recommendation(
-        "--mem-fraction-static", "{:.3f}".format(new), -lost, -tokens, "estimated",
+        "--mem-fraction-static", "{:.3f}".format(new), gain, tokens, "estimated",
         "Only {} free after startup ({}), below the {} margin: give {} back to runtime activations "
-        "to avoid out-of-memory errors under load.".format(gib(free), src, gib(a.options.margin_bytes), gib(lost)),
-        gain_requests(a, -tokens))
+        "to avoid out-of-memory errors under load.".format(gib(free), src, gib(a.options.margin_bytes), gib(-gain)),
+        gain_requests(a, tokens))
 
 
 def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:

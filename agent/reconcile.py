@@ -10,18 +10,16 @@ low-water mark when ``kvforensics record`` has history for it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.analysis import Analysis, analyze_startup
 from agent.ledger import RankLedger
-from agent.recommend import gain_requests
+from agent.recommend import gain_requests, mem_fraction_change
 from agent.records import Finding, Options, Problem, Recommendation, most_severe_first
 from agent.rules import IMBALANCE_WARN_BYTES, UNUSED_WARN_BYTES, gib
-from collectors.sglang_log import parse_line
 from collectors.snapshot import engine_port, selected_engine
-from collectors.startups import StartupSegmenter
+from collectors.startups import segment_lines
 
 HOST_RESERVE_BYTES = 10 << 30  # SGLang keeps 10 GiB of host RAM free for HiCache (research §5)
 
@@ -83,11 +81,7 @@ def _analysis(snap: Dict[str, Any], engine: Optional[Dict[str, Any]], target: st
     lines = log.get("lines") or []
     if not lines:
         return None
-    seg = StartupSegmenter()
-    for number, offset, raw in lines:
-        for ev in parse_line(raw, number, offset):
-            seg.feed(ev)
-    startups = seg.result()
+    startups = segment_lines(lines)
     if not startups:
         return None
     cfg = (snap.get("model_config") or {}).get("config")
@@ -480,9 +474,7 @@ def _recommendations(insp: Inspection) -> List[Recommendation]:
         low, free, how = found
         spare = free - insp.options.margin_bytes
         if spare >= UNUSED_WARN_BYTES or spare < 0:
-            new = math.floor((b.mfs + spare / b.pre_min_bytes) * 1000) / 1000
-            gain = int((new - b.mfs) * b.pre_min_bytes)
-            tokens = gain // b.cell_bytes if gain >= 0 else -((-gain) // b.cell_bytes)
+            new, gain, tokens = mem_fraction_change(b, spare)
             caveat = ("" if insp.history is not None and insp.history.samples >= 2 else
                       " One look at the GPUs: under heavier load free memory can dip lower (kvforensics record keeps "
                       "low-water marks).")

@@ -18,12 +18,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from collectors.logfile import KEYWORDS, LogReadError, read_log
 from collectors.redact import redact_text
-from collectors.sglang_log import parse_line
-from collectors.startups import Startup, StartupSegmenter
+from collectors.startups import Startup, segment_lines
 
 NAME = "engine_log"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:\-]{0,200}$")
@@ -81,14 +80,6 @@ def _lines_of(startup: Startup) -> List[List[Any]]:
     return out
 
 
-def _segment(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
-    seg = StartupSegmenter()
-    for number, offset, raw in lines:
-        for ev in parse_line(raw, number, offset):
-            seg.feed(ev)
-    return seg.result()
-
-
 def _run(argv: List[str]) -> Tuple[Optional[subprocess.Popen], Optional[str]]:
     if shutil.which(argv[0]) is None:
         return None, "{} is not installed here".format(argv[0])
@@ -134,7 +125,7 @@ def _journal(unit: str) -> Tuple[List[Startup], List[str]]:
     lines = [(count - n + 1, count - n, raw) for n, raw in reversed(kept)]
     notes.append("journal:{}: line numbers count from the first journal line read (this invocation's "
                  "server_args line)".format(unit))
-    return _segment(lines), notes
+    return segment_lines(lines), notes
 
 
 def _docker(name: str) -> Tuple[List[Startup], List[str]]:
@@ -149,7 +140,7 @@ def _docker(name: str) -> Tuple[List[Startup], List[str]]:
     proc.wait()
     if proc.returncode and not lines:
         raise LogReadError("unreadable", "docker:{}: docker logs failed (exit {})".format(name, proc.returncode))
-    return _segment(lines), ["docker logs: line numbers count from the first of the last {:,} lines".format(MAX_STREAM_LINES)]
+    return segment_lines(lines), ["docker logs: line numbers count from the first of the last {:,} lines".format(MAX_STREAM_LINES)]
 
 
 def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, startup: int = -1) -> Dict[str, Any]:

@@ -16,9 +16,9 @@ prints no "draft" marker on those lines (research §1.2), so order within the ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from collectors.sglang_log import LogEvent
+from collectors.sglang_log import LogEvent, parse_line
 
 _BEGIN_KINDS = ("dist_init_begin", "load_begin")
 
@@ -111,3 +111,12 @@ class StartupSegmenter:
 
     def result(self) -> List[Startup]:
         return [Startup(tuple(evs), closed) for evs, closed in zip(self.startups, self._closed)]
+
+
+def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
+    """Startups from ``(line number, byte offset, raw line)`` rows: a snapshot's saved lines, a journal."""
+    seg = StartupSegmenter()
+    for number, offset, raw in lines:
+        for ev in parse_line(raw, number, offset):
+            seg.feed(ev)
+    return seg.result()

@@ -128,13 +128,18 @@ def bar(r: RankLedger, width: int = 60) -> List[Tuple[str, int, str]]:
     return _cells(segments, total, width)
 
 
-def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -> str:
+def _render_each(items: Sequence[Any], one: Callable[[Any, Any], None], color: bool, width: int) -> str:
+    """Render every item with ``one(console, item)``, a rule between them."""
     buf, c = console(color, width)
-    for i, a in enumerate(analyses):
+    for i, item in enumerate(items):
         if i:
             c.rule()  # type: ignore[attr-defined]
-        _render_one(c, a)
+        one(c, item)
     return text_of(buf)
+
+
+def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -> str:
+    return _render_each(analyses, _render_one, color, width)
 
 
 def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
@@ -296,12 +301,7 @@ def gpu_bar(g: GpuLedger, width: int = 60) -> List[Tuple[str, int, str]]:
 
 
 def render_inspections(inspections: Sequence[Inspection], color: bool = True, width: int = 110) -> str:
-    buf, c = console(color, width)
-    for i, insp in enumerate(inspections):
-        if i:
-            c.rule()  # type: ignore[attr-defined]
-        _render_inspection(c, insp)
-    return text_of(buf)
+    return _render_each(inspections, _render_inspection, color, width)
 
 
 def _render_inspection(c: "object", insp: Inspection) -> None:
