@@ -130,7 +130,7 @@ def last_avail(rank: RankEvents, summary: Optional[LogEvent]) -> Tuple[Optional[
         return summary.data["avail_bytes"], summary
     best: Optional[LogEvent] = None
     for ev in rank.target.events + rank.draft.events:
-        if ev.data.get("avail_bytes") is not None and (best is None or ev.offset >= best.offset):
+        if ev.data.get("avail_bytes") is not None and (best is None or _order(ev) >= _order(best)):
             best = ev
     return (best.data["avail_bytes"], best) if best else (None, None)
 

@@ -33,10 +33,9 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def runner_dict(r: RunnerLedger, reserve: Optional[int] = None, with_reserve: bool = True) -> Dict[str, Any]:
+def runner_dict(r: RunnerLedger, reserve: Optional[int] = None) -> Dict[str, Any]:
     d: Dict[str, Any] = {k: getattr(r, k) for k in RUNNER_KEYS}
-    if with_reserve:
-        d["reserve_bytes"] = reserve
+    d["reserve_bytes"] = reserve
     for k in EXTRA_RUNNER_KEYS:
         d[k] = getattr(r, k)
     d["sources"] = dict(r.sources)
