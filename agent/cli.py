@@ -97,7 +97,7 @@ def analyze(
     """Explain an SGLang server's GPU memory from its startup log, offline."""
     from dataclasses import replace
 
-    from agent.analysis import analyze_startup
+    from agent.sglang.analysis import analyze_startup
     from collectors.logfile import LogReadError, read_log
     from collectors.model_config import ModelConfigError, load_model_config
     from reports import json_report

@@ -80,12 +80,13 @@ def _pynvml_source() -> Optional[bytes]:
 
 
 def code_zip() -> bytes:
-    """collectors/*.py and pynvml.py, deterministic: same code, same bytes, same sha256."""
+    """collectors/**/*.py and pynvml.py, deterministic: same code, same bytes, same sha256."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        files = sorted(p for p in _PACKAGE.glob("*.py"))
-        for path in files:
-            info = zipfile.ZipInfo("collectors/" + path.name, date_time=(1980, 1, 1, 0, 0, 0))
+        files = sorted(p.relative_to(_PACKAGE).as_posix() for p in _PACKAGE.rglob("*.py"))
+        for rel in files:
+            path = _PACKAGE / rel
+            info = zipfile.ZipInfo("collectors/" + rel, date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, path.read_bytes())
         nvml = _pynvml_source()

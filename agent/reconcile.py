@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.analysis import Analysis, analyze_startup
-from agent.ledger import RankLedger
-from agent.recommend import gain_requests, mem_fraction_change
+from agent.sglang.analysis import Analysis, analyze_startup
+from agent.sglang.ledger import RankLedger
+from agent.sglang.recommend import gain_requests, mem_fraction_change
 from agent.records import Finding, Options, Problem, Recommendation, most_severe_first
-from agent.rules import IMBALANCE_WARN_BYTES, UNUSED_WARN_BYTES, gib
+from agent.sglang.rules import IMBALANCE_WARN_BYTES, UNUSED_WARN_BYTES, gib
 from collectors.snapshot import engine_port, selected_engine
-from collectors.startups import segment_lines
+from collectors.sglang.startups import segment_lines
 
 HOST_RESERVE_BYTES = 10 << 30  # SGLang keeps 10 GiB of host RAM free for HiCache (research §5)
 

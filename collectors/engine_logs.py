@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from collectors.logfile import KEYWORDS, LogReadError, read_log
 from collectors.redact import redact_text
-from collectors.startups import Startup, segment_lines
+from collectors.sglang.startups import Startup, segment_lines
 
 NAME = "engine_log"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:\-]{0,200}$")

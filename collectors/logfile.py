@@ -22,8 +22,8 @@ import threading
 from dataclasses import dataclass
 from typing import BinaryIO, List, Optional, Tuple
 
-from collectors.sglang_log import parse_line
-from collectors.startups import Startup, StartupSegmenter
+from collectors.sglang.log import parse_line
+from collectors.sglang.startups import Startup, StartupSegmenter
 
 # Every line the parser recognises contains one of these (checked by tests/test_logfile.py
 # against the fixture of every line format).

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Iterable, List, Optional
 
-from agent.analysis import Analysis
-from agent.ledger import RankLedger, RunnerLedger
+from agent.sglang.analysis import Analysis
+from agent.sglang.ledger import RankLedger, RunnerLedger
 from agent.reconcile import GpuLedger, Inspection
 from collectors.redact import redact_mapping
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import io
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent.analysis import Analysis
-from agent.ledger import RankLedger, RunnerLedger
+from agent.sglang.analysis import Analysis
+from agent.sglang.ledger import RankLedger, RunnerLedger
 from agent.reconcile import GpuLedger, Inspection
 from agent.records import Finding, Recommendation, severity_rank
-from agent.rules import reserve_breakdown
+from agent.sglang.rules import reserve_breakdown
 
 GIB = 1 << 30
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "yellow", "info": "cyan"}

@@ -72,12 +72,12 @@ def test_bad_model_config_json(tmp_path):
 
 
 def test_internal_errors_exit_4_without_traceback(monkeypatch):
-    import agent.analysis
+    import agent.sglang.analysis
 
     def boom(*a, **k):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(agent.analysis, "analyze_startup", boom)
+    monkeypatch.setattr(agent.sglang.analysis, "analyze_startup", boom)
     code, out, err = run_cli(["analyze", str(SEED_LOG)])
     assert code == 4 and "internal error: RuntimeError: simulated bug" in err and "Traceback" not in err
 

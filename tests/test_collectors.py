@@ -201,7 +201,7 @@ def test_secrets_in_raw_log_lines_are_redacted():
 
 def test_bundle_never_holds_the_api_key_from_the_log(tmp_path, monkeypatch):
     from collectors import engine_logs
-    from collectors.sglang_log import parse_line
+    from collectors.sglang.log import parse_line
 
     log = tmp_path / "s.log"
     text = SEED_LOG.read_text(encoding="utf-8").replace("api_key=None", "api_key='sk-from-the-log'")

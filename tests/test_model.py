@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from agent.kv_geometry import GeometryError, geometry
+from agent.sglang.kv_geometry import GeometryError, geometry
 from tests import logbuilder as lb
 from tests.conftest import GIB, gib, run_json
 

@@ -8,10 +8,10 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.analysis import analyze_startup
+from agent.sglang.analysis import analyze_startup
 from agent.records import Options
-from collectors.sglang_log import GIB, parse_line
-from collectors.startups import StartupSegmenter
+from collectors.sglang.log import GIB, parse_line
+from collectors.sglang.startups import StartupSegmenter
 from tests.conftest import SEED_LOG
 
 SEED_LINES = SEED_LOG.read_text(encoding="utf-8").splitlines()

@@ -7,7 +7,7 @@ from typing import Any, List, Tuple
 import pytest
 
 from collectors.logfile import KEYWORDS
-from collectors.sglang_log import GB, GIB, parse_line, split_records
+from collectors.sglang.log import GB, GIB, parse_line, split_records
 from tests.conftest import FIXTURES
 
 

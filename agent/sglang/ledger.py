@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
-from agent.attribution import Attributed, RankEvents, RunnerEvents
-from collectors.sglang_log import LogEvent
+from agent.sglang.attribution import Attributed, RankEvents, RunnerEvents
+from collectors.sglang.log import LogEvent
 
 
 def where(ev: Optional[LogEvent]) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from agent.analysis import Analysis
-from agent.budget import Budget
+from agent.sglang.analysis import Analysis
+from agent.sglang.budget import Budget
 from agent.records import Recommendation
-from agent.rules import UNUSED_WARN_BYTES, gib, headroom
+from agent.sglang.rules import UNUSED_WARN_BYTES, gib, headroom
 
 _HALF_PRECISION = ("bf16", "bfloat16", "float16", "fp16", "half", "auto", "torch.bfloat16", "torch.float16")
 

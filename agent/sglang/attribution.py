@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from collectors.sglang_log import LogEvent
-from collectors.startups import Startup
+from collectors.sglang.log import LogEvent
+from collectors.sglang.startups import Startup
 
 RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "kv_pool",
                 "pool_end", "mamba_pool", "graph_begin", "graph_end", "graph_bs", "post_capture_kv")

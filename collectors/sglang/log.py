@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from collectors.server_args import parse_server_args
+from collectors.sglang.server_args import parse_server_args
 
 GIB = 1 << 30  # SGLang "GB" on GPU lines (see module docstring)
 GB = 10**9  # HiCache host-memory "GB" (mem_cache/memory_pool_host.py prints bytes / 1e9)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from collectors.sglang_log import LogEvent, parse_line
+from collectors.sglang.log import LogEvent, parse_line
 
 _BEGIN_KINDS = ("dist_init_begin", "load_begin")
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent import budget as budget_mod
-from agent import era as era_mod
-from agent.attribution import Attributed, attribute
-from agent.budget import Budget, ReqToToken
-from agent.kv_geometry import GeometryError, KvGeometry, geometry
-from agent.ledger import RankLedger, ledgers, where
+from agent.sglang import budget as budget_mod
+from agent.sglang import era as era_mod
+from agent.sglang.attribution import Attributed, attribute
+from agent.sglang.budget import Budget, ReqToToken
+from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry
+from agent.sglang.ledger import RankLedger, ledgers, where
 from agent.records import Finding, Options, Problem, Recommendation
-from collectors.sglang_log import LogEvent
-from collectors.startups import Startup
+from collectors.sglang.log import LogEvent
+from collectors.sglang.startups import Startup
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def analyze_startup(startup: Startup, target: str, opts: Options, index: Optiona
                     count: Optional[int] = None, reader_notes: Tuple[str, ...] = (),
                     fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
     """``fallback_args``: flags from the live command line, used where the log has no server_args."""
-    from agent import recommend, rules
+    from agent.sglang import recommend, rules
 
     problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
     attributed = attribute(startup)

@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.era import Era
-from agent.ledger import RankLedger
-from collectors.sglang_log import GIB, PRINT_TOLERANCE_BYTES
+from agent.sglang.era import Era
+from agent.sglang.ledger import RankLedger
+from collectors.sglang.log import GIB, PRINT_TOLERANCE_BYTES
 
 HALF = PRINT_TOLERANCE_BYTES
 

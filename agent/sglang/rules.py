@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional, Tuple
 
-from agent.analysis import Analysis
-from agent.ledger import RankLedger, where
+from agent.sglang.analysis import Analysis
+from agent.sglang.ledger import RankLedger, where
 from agent.records import Finding, most_severe_first
-from collectors.sglang_log import GIB
+from collectors.sglang.log import GIB
 
 UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
 IMBALANCE_WARN_BYTES = 512 << 20  # post-load free spread across ranks worth reporting

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from collectors.startups import Startup
+from collectors.sglang.startups import Startup
 
 Version = Tuple[int, int, int]
 OLDEST: Version = (0, 2, 15)
