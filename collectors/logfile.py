@@ -22,30 +22,14 @@ import threading
 from dataclasses import dataclass
 from typing import BinaryIO, List, Optional, Tuple
 
+from collectors import lineformat
+from collectors.sglang.formats import FORMATS
 from collectors.sglang.log import parse_line
 from collectors.sglang.startups import Startup, StartupSegmenter
 
-# Every line the parser recognises contains one of these (checked by tests/test_logfile.py
-# against the fixture of every line format).
-KEYWORDS = (
-    b"GB",
-    b"max_total_num_tokens=",
-    b"server_args=",
-    b" begin.",
-    b"Not enough memory",
-    b"Loaded weights leave",
-    b"memory capacity is unbalanced",
-    b"out of memory",
-    b"OutOfMemoryError",
-    b"graph failed",
-    b"graph bs",
-    b"graph end",
-    b"KV cache dtype",
-    b"indow memory pool",
-    b"Dynamically adjusted",
-    b"was reduced from",
-    b"profiled value",
-)
+# Every line the parser recognises contains one of these: the needles of the engine's
+# line-format rows, reduced to the fewest that still find every row (collectors/lineformat.py).
+KEYWORDS = lineformat.keywords(FORMATS)
 # Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
 # longer the skips of the reverse search: 29 bytes scan 2 GiB in 0.13 s, 17 bytes in 0.24 s.
 ANCHOR = b"Load weight begin. avail mem="

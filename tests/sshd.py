@@ -33,12 +33,16 @@ class Sshd:
         self.host_key = host_key or keygen(folder / "host_ed25519")
         (folder / "authorized_keys").write_text("".join(Path(str(k) + ".pub").read_text() for k in authorized))
         self.config = folder / "sshd_config"
+        # Sessions get their own TMPDIR, so "nothing left behind" can be checked without
+        # seeing what other processes on the machine (another copy of the suite) write to /tmp.
+        self.tmpdir = folder / "session-tmp"
+        self.tmpdir.mkdir(exist_ok=True)
         self.config.write_text("\n".join([
             "Port {}".format(self.port), "ListenAddress 127.0.0.1", "HostKey {}".format(self.host_key),
             "PidFile {}".format(folder / "sshd.pid"), "AuthorizedKeysFile {}".format(folder / "authorized_keys"),
             "StrictModes no", "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes", "PermitRootLogin yes", "AllowTcpForwarding yes", "LogLevel ERROR",
-            "MaxStartups 100:30:200", "MaxSessions 100", extra, ""]))
+            "MaxStartups 100:30:200", "MaxSessions 100", "SetEnv TMPDIR={}".format(self.tmpdir), extra, ""]))
         os.makedirs("/run/sshd", exist_ok=True) if os.geteuid() == 0 else None
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stderr=open(folder / "sshd.err", "w"))
         deadline = time.time() + 10

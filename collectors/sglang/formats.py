@@ -1,0 +1,328 @@
+"""SGLang's startup-log line formats, 0.2.15–0.5.23: one row per shape, with the releases that
+print it (shared research notes §1, format strings read from the release wheels).
+
+Rows are tried in order; the first whose needle is in the message, whose pattern matches and
+whose extractor accepts wins. Start-anchored rows come first (their prefixes are disjoint),
+then rows that search anywhere in the message (failures and warnings, which SGLang wraps in
+exception text). Sizes come out as int bytes in keys ending ``_bytes``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Optional, Tuple
+
+from collectors.lineformat import LineFormat, always, first, when
+from collectors.sglang.server_args import parse_server_args
+from collectors.units import GB, GIB
+
+# Every value is printed with "{:.2f}", so a figure is only known to half a hundredth.
+PRINT_TOLERANCE_BYTES = GIB // 200  # 0.005 GiB ≈ 5.4 MB
+
+_NUM = r"-?\d+(?:\.\d+)?"
+
+
+def _gib(value: Optional[str]) -> Optional[int]:
+    return None if value is None else int(round(float(value) * GIB))
+
+
+def _gb(value: Optional[str]) -> Optional[int]:
+    return None if value is None else int(round(float(value) * GB))
+
+
+def _find(pattern: "re.Pattern[str]", text: str) -> Optional[str]:
+    m = pattern.search(text)
+    return m.group(1) if m else None
+
+
+def _int_list(text: str) -> Tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text))
+
+
+_AVAIL = re.compile(r"avail mem=(" + _NUM + r") ?GB")
+_USAGE = re.compile(r"mem usage=(" + _NUM + r") ?GB")
+_ELAPSED = re.compile(r"(?:Time elapsed: |elapsed=)(" + _NUM + r") ?s")
+_BS = re.compile(r"\bbs=?\s?\[([^\]]*)\]")
+_DTYPE_FIELD = re.compile(r"dtype=([^,]+)")
+_QUANT_FIELD = re.compile(r"quant=([^,]+)")
+_MAMBA_EXTRA = re.compile(r"intermediate_\w+ size: (" + _NUM + r") ?GB")
+
+
+# --- extractors ----------------------------------------------------------------------------
+
+def _avail(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"avail_bytes": _gib(m.group(1))}
+
+
+def _used(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"used_bytes": _gib(m.group(1))}
+
+
+def _empty(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {}
+
+
+def _baseline(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"used_bytes": _gib(m.group(1)), "baseline": True}
+
+
+def _load_end(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    mid = m.group("mid")
+    return {"avail_bytes": _gib(m.group("avail")), "used_bytes": _gib(m.group("used")),
+            "model_type": m.group("type").strip(), "dtype": _find(_DTYPE_FIELD, mid),
+            "quant": _find(_QUANT_FIELD, mid)}
+
+
+def _no_room(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"cause": "weights_leave_no_memory", "mfs": float(m.group(1)), "min_mfs": float(m.group(2))}
+
+
+def _mamba(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"max_size": int(m.group("n")) if m.group("n") else None, "conv_bytes": _gib(m.group("conv")),
+            "ssm_bytes": _gib(m.group("ssm")),
+            "intermediate_bytes": sum(_gib(x) or 0 for x in _MAMBA_EXTRA.findall(msg))}
+
+
+def _summary(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    k = m.group("K")
+    return {"max_total_num_tokens": int(m.group("T")),
+            "chunked_prefill_size": None if k in (None, "None") else int(k),
+            "max_prefill_tokens": int(m.group("P")), "max_running_requests": int(m.group("R")),
+            "context_len": int(m.group("C")), "avail_bytes": _gib(m.group("avail"))}
+
+
+def _graph(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    rest, what = m.group("rest"), m.group("what").strip()
+    data: Dict[str, Any] = {"phase": what or "decode", "draft": "draft" in what.lower(),
+                            "avail_bytes": _gib(_find(_AVAIL, rest))}
+    bs = _find(_BS, rest)
+    if bs is not None:
+        data["batch_sizes"] = _int_list(bs)
+    if m.group("edge") == "end":
+        data["used_bytes"] = _gib(_find(_USAGE, rest))
+        elapsed = _find(_ELAPSED, rest)
+        data["elapsed_s"] = float(elapsed) if elapsed else None
+    return data
+
+
+def _graph_bs(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"batch_sizes": _int_list(m.group(1))}
+
+
+def _server_args(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
+    args = parse_server_args(m.group("body"))
+    return None if args is None else {"args": args}
+
+
+def _kv_dtype(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"dtype": m.group(1)}
+
+
+def _swa_split(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"full_tokens": int(m.group("full")) if m.group("full") else None, "swa_tokens": int(m.group("swa"))}
+
+
+def _swa_pool(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"bytes": _gib(m.group(1)), "swa_tokens": int(m.group(2)), "full_tokens": int(m.group(3))}
+
+
+def _post_capture(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"draft": bool(m.group("draft")), "dtype": m.group("dtype"), "tokens": int(m.group("tokens")),
+            "kv_bytes": _gib(m.group("kv")), "avail_bytes": _gib(m.group("avail"))}
+
+
+def _hicache_new(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"label": m.group("label").strip() or None, "tokens": int(m.group("tokens")),
+            "host_bytes": _gb(m.group("gb"))}
+
+
+def _hicache_old(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"label": None, "tokens": None, "host_bytes": _gb(m.group(1))}
+
+
+def _mm_reserve(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"bytes": _gib(m.group(1))}
+
+
+def _kv_pool(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
+    label = (m.group("label") or "").strip()
+    if ":" in label or len(label.split()) > 3:  # prose that merely mentions the KV cache
+        return None
+    k, v, kv = _gib(m.group("k")), _gib(m.group("v")), _gib(m.group("kv"))
+    return {"label": label, "state": m.group("state"), "dtype": m.group("dtype"),
+            "tokens": int(m.group("tokens")) if m.group("tokens") else None, "k_bytes": k, "v_bytes": v,
+            "kv_bytes": kv if kv is not None else (k or 0) + (v or 0),
+            "layout": "single" if kv is not None else "k+v"}
+
+
+def _cause(cause: str):  # type: ignore[no-untyped-def]
+    return lambda m, msg: {"cause": cause}
+
+
+def _host_short(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"cause": "host_memory_short", "requested_bytes": _gb(m.group(1)), "free_bytes": _gb(m.group(2))}
+
+
+def _mfs_adjusted(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"from": float(m.group(1)), "to": float(m.group(2))}
+
+
+def _requests_reduced(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"requested": int(m.group(1)), "effective": int(m.group(2))}
+
+
+def _cap_ignored(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"requested": int(m.group(1)), "profiled": int(m.group(2))}
+
+
+# --- era clues that need more than the row ------------------------------------------------
+
+def _text_has(needle: str):  # type: ignore[no-untyped-def]
+    return lambda data, text: needle in text
+
+
+def _kv_clues() -> Tuple:  # type: ignore[type-arg]
+    return (
+        first(when(lambda d, t: d.get("tokens") is None, "0.4.2", "0.4.3",
+                   "'KV Cache is allocated' without #tokens"),
+              when(lambda d, t: bool(d.get("dtype")), "0.5.13", None, "'KV Cache is allocated. dtype:'"),
+              always("0.4.4", "0.5.12", "'KV Cache is allocated. #tokens:' without dtype")),
+        when(lambda d, t: d.get("layout") == "single" and d.get("tokens") is not None, "0.4.6", None,
+             "MLA 'KV size' line"),
+        when(lambda d, t: bool(d.get("label")) or d.get("state") == "VA upper bound", "0.5.18", None,
+             "labelled / VA-upper-bound KV pool line"),
+    )
+
+
+def _graph_clues(end: bool) -> Tuple:  # type: ignore[type-arg]
+    def phase(d: Dict[str, Any]) -> str:
+        return str(d.get("phase", ""))
+
+    clues = [
+        first(when(_text_has("num_tokens_per_req"), "0.5.18", None, "'num_tokens_per_req' in graph line"),
+              when(_text_has("num_tokens_per_bs"), "0.5.14", "0.5.15", "'num_tokens_per_bs' in graph line")),
+        first(when(lambda d, t: phase(d).startswith(("target", "draft decode")) or "prefill" in phase(d),
+                   "0.5.14", None, "'Capture target|draft decode|prefill … CUDA graph'"),
+              when(lambda d, t: "piecewise" in phase(d), "0.5.6", "0.5.13", "piecewise CUDA graph lines")),
+    ]
+    if end:
+        def timed(d: Dict[str, Any], t: str) -> bool:
+            return "Time elapsed" in t and not d.get("draft")
+
+        clues.append(first(
+            when(lambda d, t: timed(d, t) and d.get("used_bytes") is None, "0.4.0", "0.4.3",
+                 "graph end without mem usage"),
+            when(lambda d, t: timed(d, t) and t.find("mem usage") < t.find("avail mem"), "0.4.7", "0.5.13",
+                 "graph end 'mem usage' before 'avail mem'"),
+            when(timed, "0.4.4", "0.4.6", "graph end 'avail mem' before 'mem usage'")))
+    return tuple(clues)
+
+
+def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywhere: bool = False) -> LineFormat:  # type: ignore[no-untyped-def]
+    return LineFormat(name, kind, needle, re.compile(pattern), extract, tuple(clues), anywhere)
+
+
+FORMATS: Tuple[LineFormat, ...] = (
+    # (a) distributed init: 0.2.15–0.3.0 "Init nccl begin.", 0.3.6–0.5.20 "Init torch distributed
+    # begin.", 0.5.21+ "Init parallel begin."
+    _row("dist_begin", "dist_init_begin", " begin.", r"^Init (?:torch distributed|nccl|parallel) begin\.", _empty),
+    # 0.4.4–0.5.8 "ends. mem usage=…", 0.5.9–0.5.20 "ends. elapsed=… s, mem usage=…"
+    _row("dist_end", "dist_init_end", "GB",
+         r"^Init torch distributed ends\.(?: elapsed=" + _NUM + r" s,)? mem usage=(" + _NUM + r") GB", _used,
+         first(when(_text_has("elapsed="), "0.5.9", "0.5.20", "'Init torch distributed ends. elapsed='"),
+               always("0.4.4", "0.5.8", "'Init torch distributed ends. mem usage'"))),
+    # 0.5.21+: the baseline is taken after parallel init, so dist-init memory is no longer shown.
+    _row("memory_baseline", "dist_init_end", "GB", r"^Memory baseline taken\. mem usage=(" + _NUM + r") GB",
+         _baseline, always("0.5.21", None, "'Memory baseline taken'")),
+    # (b) weights: begin unchanged since 0.2.15; end gains "mem usage" (0.4.4), "elapsed" (0.5.9),
+    # loses "dtype=" and gains "quant=…" (0.5.10).
+    _row("load_begin", "load_begin", "GB", r"^Load weight begin\. avail mem=(" + _NUM + r") GB", _avail),
+    _row("load_end", "load_end", "GB",
+         r"^Load weight end\. (?:elapsed=(?P<t>" + _NUM + r") s, )?type=(?P<type>[^,]+), (?P<mid>.*?)"
+         r"avail mem=(?P<avail>" + _NUM + r") GB(?:, mem usage=(?P<used>" + _NUM + r") GB)?", _load_end,
+         first(when(lambda d, t: d.get("used_bytes") is None, None, "0.4.3", "'Load weight end' without mem usage"),
+               when(lambda d, t: "elapsed=" not in t, "0.4.4", "0.5.8", "'Load weight end' with mem usage, no elapsed"),
+               when(lambda d, t: bool(d.get("dtype")), "0.5.9", "0.5.9", "'Load weight end. elapsed=…, dtype='"),
+               always("0.5.10", None, "'Load weight end' without dtype"))),
+    _row("load_commit", "load_commit", "Committed real weights", r"^Load weight end\. Committed real weights", _empty),  # 0.5.18 overlap
+    _row("kv_dtype", "kv_dtype", "KV cache dtype", r"^Using KV cache dtype: (\S+)", _kv_dtype,
+         always("0.5.3", "0.5.12", "'Using KV cache dtype'")),  # rank 0 only
+    _row("swa_split", "swa_split", "indow memory pool",
+         r"^Use [Ss]liding window memory pool(?P<all> \(all SWA\))?\. "
+         r"(?:full_layer_tokens=(?P<full>\d+), )?swa_layer_tokens=(?P<swa>\d+)", _swa_split),
+    _row("swa_pool", "swa_pool", "GB", r"^SWAKVPool mem usage: (" + _NUM + r") GB, swa size: (\d+), full size: (\d+)",
+         _swa_pool),
+    _row("post_capture_kv", "post_capture_kv", "GB",
+         r"^Post-capture KV sizing: (?P<draft>draft )?KV cache allocated\. dtype: (?P<dtype>[^,]+), "
+         r"#tokens: (?P<tokens>\d+), KV size: (?P<kv>" + _NUM + r") GB(?:, avail mem=(?P<avail>" + _NUM + r") GB)?",
+         _post_capture),
+    _row("mamba_pool", "mamba_pool", "GB",
+         r"^Mamba Cache is allocated\. (?:max_mamba_cache_size: (?P<n>\d+), )?"
+         r"conv_state size: (?P<conv>" + _NUM + r") ?GB, ssm_state size: (?P<ssm>" + _NUM + r") ?GB", _mamba,
+         always("0.5.3", None, "'Mamba Cache is allocated'")),
+    _row("pool_end", "pool_end", "GB", r"^Memory pool end\. avail mem=(" + _NUM + r") GB", _avail),
+    # (e)/(f) graphs: "Capture cuda graph begin", "Capture draft extend cuda graph begin (step 1)",
+    # "Capture piecewise CUDA graph end", "Capture target verify CUDA graph begin. backend=…".
+    _row("graph_begin", "graph_begin", " begin",
+         r"^Capture (?P<what>.*?)(?:cuda|CUDA|cpu|CPU|npu|NPU|xpu|XPU) graph (?P<edge>begin)\b(?P<rest>.*)$", _graph,
+         *_graph_clues(end=False)),
+    _row("graph_end", "graph_end", "graph end",
+         r"^Capture (?P<what>.*?)(?:cuda|CUDA|cpu|CPU|npu|NPU|xpu|XPU) graph (?P<edge>end)\b(?P<rest>.*)$", _graph,
+         *_graph_clues(end=True)),
+    _row("graph_bs", "graph_bs", "graph bs", r"^Capture (?:cuda|CUDA) graph bs \[([^\]]*)\]", _graph_bs),
+    # (g) scheduler summary, every rank ≤0.4.6, tp_rank 0 only since 0.4.7.
+    _row("summary", "summary", "max_total_num_tokens=",
+         r"^max_total_num_tokens=(?P<T>\d+), (?:chunked_prefill_size=(?P<K>-?\d+|None), )?"
+         r"max_prefill_tokens=(?P<P>\d+), max_running_requests=(?P<R>\d+), context_len=(?P<C>\d+)"
+         r"(?:, available_(?:gpu|cpu)_mem=(?P<avail>" + _NUM + r") GB)?", _summary,
+         first(when(lambda d, t: d.get("avail_bytes") is not None, "0.4.7", None, "summary with available_gpu_mem"),
+               when(_text_has("chunked_prefill_size"), "0.4.2", "0.4.6",
+                    "summary with chunked_prefill_size, no available_gpu_mem"),
+               always(None, "0.4.1", "summary without chunked_prefill_size"))),
+    _row("server_args", "server_args", "server_args=", r"^server_args=(?P<body>(?:ServerArgs\(|\{).*)$",
+         _server_args,
+         first(when(lambda d, t: t.startswith("server_args={"), "0.5.19", None, "server_args printed as a dict"),
+               always(None, "0.5.18", "server_args printed as ServerArgs(...)"))),
+    _row("hicache_host", "hicache_host", "GB",
+         r"^Allocating (?P<label>.*?) ?hierarchical KV host pool: (?P<tokens>\d+) tokens, (?P<gb>" + _NUM
+         + r") GB host memory", _hicache_new),
+    _row("hicache_host_old", "hicache_host", "GB",
+         r"^Allocating (" + _NUM + r") GB host memory for hierarchical KV cache", _hicache_old),
+    _row("mm_reserve", "mm_reserve", "GB", r"^Reserving (" + _NUM + r") GB of the KV budget for post-sizing multimodal",
+         _mm_reserve),
+    # (c) KV pool: MHA "K size/V size" (0.4.2+), MLA "KV size" (0.4.6+), "dtype:" (0.5.13+),
+    # "Full "/"SWA " labels and "VA upper bound" (0.5.18+). A label may precede it.
+    _row("kv_pool", "kv_pool", "GB",
+         r"^(?:(?P<label>\S.*?) )?KV Cache (?P<state>is allocated|VA upper bound)\.? "
+         r"(?:dtype: (?P<dtype>[^,]+), )?(?:#tokens: (?P<tokens>\d+), )?"
+         r"(?:K size: (?P<k>" + _NUM + r") GB, V size: (?P<v>" + _NUM + r") GB|KV size: (?P<kv>" + _NUM + r") GB)",
+         _kv_pool, *_kv_clues()),
+    # Failures and warnings: SGLang raises these inside exception text, so search anywhere.
+    _row("not_enough_memory", "failure", "Not enough memory",
+         r"Not enough memory\. Please try to increase --mem-fraction-static", _cause("not_enough_memory"),
+         anywhere=True),
+    _row("weights_leave_no_memory", "failure", "Loaded weights leave",
+         r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(" + _NUM + r")"
+         r"\. Raise --mem-fraction-static above (" + _NUM + r")", _no_room,
+         always("0.5.14", None, "'Loaded weights leave no GPU memory'"), anywhere=True),
+    _row("host_memory_short", "failure", "GB",
+         r"Not enough host memory available\. Requesting (" + _NUM + r") GB but only have (" + _NUM + r") GB free",
+         _host_short, anywhere=True),
+    _row("graph_failed", "failure", "graph failed", r"Capture (?:\w+ )*(?:cuda|CUDA) graph failed",
+         _cause("cuda_graph_capture_failed"), anywhere=True),
+    _row("oom", "failure", "out of memory", r"CUDA out of memory", _cause("cuda_out_of_memory"), anywhere=True),
+    _row("oom_error", "failure", "OutOfMemoryError", r"OutOfMemoryError", _cause("cuda_out_of_memory"),
+         anywhere=True),
+    _row("unbalanced", "unbalanced", "memory capacity is unbalanced", r"The memory capacity is unbalanced", _empty,
+         anywhere=True),
+    _row("mfs_adjusted", "mfs_adjusted", "Dynamically adjusted",
+         r"Dynamically adjusted --mem-fraction-static from: (" + _NUM + r") to: (" + _NUM + r")", _mfs_adjusted,
+         anywhere=True),
+    _row("requests_reduced", "requests_reduced", "was reduced from",
+         r"max_running_requests was reduced from the requested (\d+) to (\d+)", _requests_reduced, anywhere=True),
+    _row("cap_ignored", "cap_ignored", "profiled value", r"max_total_tokens=(\d+) is larger than the profiled value (\d+)",
+         _cap_ignored, anywhere=True),
+)
+
+BY_NAME = {row.name: row for row in FORMATS}
+assert len(BY_NAME) == len(FORMATS), "line-format names must be unique"
