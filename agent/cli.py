@@ -97,7 +97,7 @@ def analyze(
     """Explain an SGLang server's GPU memory from its startup log, offline."""
     from dataclasses import replace
 
-    from agent.sglang.analysis import analyze_startup
+    from agent.analyze import analyze_startup
     from collectors.logfile import LogReadError, read_log
     from collectors.model_config import ModelConfigError, load_model_config
     from reports import json_report
@@ -152,6 +152,7 @@ def inspect(
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
     from agent import bundles
+    from agent.live import TargetFailure
     from agent.reconcile import inspect_snapshot
     from reports import json_report
 
@@ -203,8 +204,8 @@ def inspect(
 
             recorded = current_stats(db or history_mod.default_path(), snap)
         results.append(inspect_snapshot(snap, target, opts, history=recorded))
-    inspections = [r for r in results if not isinstance(r, tuple)]
-    failures = [r for r in results if isinstance(r, tuple)]
+    inspections = [r for r in results if not isinstance(r, TargetFailure)]
+    failures = [r for r in results if isinstance(r, TargetFailure)]
     if as_json:
         sys.stdout.write(json_report.render_results(results))
     else:
@@ -226,6 +227,7 @@ def inspect(
 def _collect_targets(names: List[str], probe_options: dict, ssh_config: Optional[str], accept_new: bool,
                      parallel: int, timeout: float) -> List[tuple]:
     """(target, snapshot, None) or (target, None, (target, status, code, message)) per name, in order."""
+    from agent.live import TargetFailure
     from collectors import snapshot
 
     remote = [t for t in names if t not in ("local", "localhost")]
@@ -244,7 +246,8 @@ def _collect_targets(names: List[str], probe_options: dict, ssh_config: Optional
             if r.snapshot is None:
                 code, message = r.problem or ("ssh.error", "failed")
                 sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
-                by_name.setdefault(r.target, []).append(("ssh:" + r.target, None, ("ssh:" + r.target, r.status, code, message)))
+                by_name.setdefault(r.target, []).append(("ssh:" + r.target, None,
+                                                         TargetFailure("ssh:" + r.target, r.status, code, message)))
             else:
                 by_name.setdefault(r.target, []).append(("ssh:" + r.target, r.snapshot, None))
     entries = []

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from agent import history
-from agent.reconcile import Inspection, inspect_snapshot
+from agent.live import Inspection, Owner
+from agent.reconcile import inspect_snapshot
 from agent.records import Options
 from collectors.snapshot import selected_engine
 
@@ -97,7 +98,7 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
                 bytes_per_token=a.budget.cell_bytes if a else None)
             gpus: List[Dict[str, Any]] = []
             for g in insp.gpus:
-                engine_used = sum(p.used_bytes or 0 for p in g.processes if p.owner == "engine") if g.rank else None
+                engine_used = g.held_by(Owner.ENGINE) if g.rank else None
                 gpus.append({"gpu": g.index, "uuid": g.uuid, "rank": g.rank, "total_bytes": g.total_bytes,
                              "reserved_bytes": g.reserved_bytes, "used_bytes": g.used_bytes, "free_bytes": g.free_bytes,
                              "engine_used_bytes": engine_used})

@@ -11,8 +11,9 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, RunnerLedger
-from agent.reconcile import GpuLedger, Inspection
+from agent.live import GpuLedger, Inspection, TargetFailure
 from collectors.redact import redact_mapping
+from reports.labels import ITEM_LABELS
 
 SCHEMA = "kvforensics.report/1"
 RUNNER_KEYS = ("dist_init_bytes", "pre_load_avail_bytes", "weights_bytes", "post_load_avail_bytes",
@@ -140,15 +141,16 @@ def gpu_dict(g: GpuLedger) -> Dict[str, Any]:
     return {"index": g.index, "uuid": g.uuid, "name": g.name, "status": g.status, "rank": g.rank,
             "total_bytes": g.total_bytes, "reserved_bytes": g.reserved_bytes, "used_bytes": g.used_bytes,
             "free_bytes": g.free_bytes,
-            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": p.name, "rank": p.rank, "owner": p.owner,
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": p.name, "rank": p.rank, "owner": p.owner.value,
                            "user": p.user, "container": p.container} for p in g.processes],
-            "ledger": [{"item": name, "bytes": b, "source": src} for name, b, src in g.items],
+            "ledger": [{"item": ITEM_LABELS[item.kind], "bytes": item.bytes, "source": item.source} for item in g.items],
             "problems": [{"code": p.code, "message": p.message} for p in g.problems]}
 
 
 def render_results(results: List[Any]) -> str:
-    """Inspections and failed targets ``(target, status, code, message)``, in target order."""
-    targets = [error_target(*r) if isinstance(r, tuple) else inspection_dict(r) for r in results]
+    """Inspections and failed targets (``TargetFailure``), in target order."""
+    targets = [error_target(r.target, r.status, r.code, r.message) if isinstance(r, TargetFailure)
+               else inspection_dict(r) for r in results]
     return json.dumps(document(targets), indent=2, ensure_ascii=False) + "\n"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
-from agent.reconcile import Inspection
+from agent.live import Inspection
 
 PREFIX = "kvforensics_"
 
@@ -59,11 +59,16 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
             gauge("engine_kv_pool_tokens", "KV pool capacity in tokens (max_total_num_tokens).", ("engine",)).labels(
                 engine).set(a.summary.max_total_num_tokens)
     if engine is not None:
-        frees = [g.free_bytes for g in insp.gpus if g.rank is not None and g.free_bytes is not None]
-        if frees:
-            gauge("engine_unused_bytes", "Free memory on the engine's least-free GPU beyond the margin (what a higher "
-                  "--mem-fraction-static could give the KV pool).", ("engine",)).labels(engine).set(
-                max(0, min(frees) - margin_bytes))
+        from agent.node_rules import unused_bytes
+        from agent.rulebook import Context
+
+        # The same figure as the unused_gpu_memory finding: the run's low-water mark when
+        # recorded history holds one, else NVML now; never negative.
+        unused = unused_bytes(Context.on_node(insp))
+        if unused is not None:
+            gauge("engine_unused_bytes", "Free memory on the engine's least-free GPU beyond the margin, at the run's "
+                  "low-water mark when recorded (what a higher --mem-fraction-static could give the KV pool).",
+                  ("engine",)).labels(engine).set(unused)
         if samples is not None:
             gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",)).labels(engine).set(samples)
     findings = gauge("findings", "Findings of the last run, by code and severity.", ("code", "severity"))

@@ -11,11 +11,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, RunnerLedger
-from agent.reconcile import GpuLedger, Inspection
+from agent.live import GpuLedger, Inspection, Owner, TargetFailure
 from agent.records import Finding, Recommendation, severity_rank
 from agent.sglang.rules import reserve_breakdown
-
-GIB = 1 << 30
+from collectors.units import GIB
+from reports.labels import ITEM_COLOURS, ITEM_LABELS
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "yellow", "info": "cyan"}
 
 # (label, getter, source key, colour for the bar or None)
@@ -285,18 +285,12 @@ def _plus(n: Optional[int]) -> str:
 
 # --- live inspection -----------------------------------------------------------------------
 
-GPU_COLOURS = {"weights": "blue", "KV pool": "green", "Mamba state": "green4", "CUDA graphs": "magenta",
-               "workspaces + req_to_token": "grey62", "draft model": "dark_orange", "engine, not in the log": "grey50",
-               "engine process": "grey50", "other SGLang engines": "cyan", "other processes": "red", "PIDs that no longer exist": "bright_red",
-               "no process (driver, other namespaces)": "yellow", "reserved by the driver": "grey37"}
-
-
 def gpu_bar(g: GpuLedger, width: int = 60) -> List[Tuple[str, int, str]]:
     """Segments across the GPU's total memory, from NVML now; free is left blank."""
     if not g.total_bytes:
         return []
-    segments = [(label, value, GPU_COLOURS[label]) for label, value, _ in g.items
-                if label in GPU_COLOURS and value and value > 0]
+    segments = [(ITEM_LABELS[item.kind], item.bytes, colour) for item in g.items
+                for colour in (ITEM_COLOURS[item.kind],) if colour and item.bytes and item.bytes > 0]
     return _cells(segments, g.total_bytes, width)
 
 
@@ -331,8 +325,8 @@ def _render_inspection(c: "object", insp: Inspection) -> None:
                           ("free", "right"), ("engine", "right"), ("other procs", "right"), ("reserved", "right")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         for g in insp.gpus:
-            engine = sum(p.used_bytes or 0 for p in g.processes if p.owner == "engine")
-            other = sum(p.used_bytes or 0 for p in g.processes if p.owner != "engine")
+            engine = g.held_by(Owner.ENGINE)
+            other = sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
             table.add_row(str(g.index), (g.name or "?") if g.status == "ok" else g.status.upper(), g.rank or "—",
                           _gib(g.total_bytes), _gib(g.used_bytes), _gib(g.free_bytes),
                           _gib(engine) if engine else "—", _gib(other) if other else "—", _gib(g.reserved_bytes))
@@ -350,8 +344,9 @@ def _render_inspection(c: "object", insp: Inspection) -> None:
             line.append(" {} GiB free".format(_gib(g.free_bytes)))
             c.print(line)  # type: ignore[attr-defined]
         legend = Text("  ")
+        colours = {ITEM_LABELS[k]: c for k, c in ITEM_COLOURS.items()}
         for label in labels:
-            legend.append("█ ", style=GPU_COLOURS[label])
+            legend.append("█ ", style=colours[label])
             legend.append(label + "  ")
         legend.append("░ free", style="dim")
         c.print(legend)  # type: ignore[attr-defined]
@@ -377,9 +372,8 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
     """(host, status, GPUs, engine, model, KV tokens, unused GiB, worst finding) per target, in order."""
     rows = []
     for i in results:
-        if isinstance(i, tuple):  # a target that could not be collected
-            target, status, _code, message = i
-            rows.append((target.split(":", 1)[-1], status, "—", "—", "—", "—", "—", message))
+        if isinstance(i, TargetFailure):  # a target that could not be collected
+            rows.append((i.target.split(":", 1)[-1], i.status, "—", "—", "—", "—", "—", i.message))
             continue
         a = i.analysis
         model = ""
@@ -402,7 +396,7 @@ def render_fleet(results: Sequence[Any], color: bool = True, width: int = 110) -
     from rich.table import Table
 
     buf, c = console(color, width)
-    collected = sum(1 for r in results if not isinstance(r, tuple))
+    collected = sum(1 for r in results if not isinstance(r, TargetFailure))
     table = Table(title="kvforensics: {} host(s), {} collected".format(len(results), collected),
                   title_justify="left", show_edge=False, pad_edge=False)
     for col, just in (("host", "left"), ("status", "left"), ("GPUs", "right"), ("engine", "left"), ("model", "left"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Deque, Dict, Optional
 
-from agent.reconcile import Inspection
+from agent.live import Inspection
 from reports.history_report import sparkline
 
 GIB = 1 << 30

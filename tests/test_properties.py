@@ -8,7 +8,7 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.sglang.analysis import analyze_startup
+from agent.analyze import analyze_startup
 from agent.records import Options
 from collectors.sglang.log import GIB, parse_line
 from collectors.sglang.startups import StartupSegmenter

@@ -1,7 +1,7 @@
 """From one startup's events to the full analysis: ledgers, budget, findings, recommendations.
 
-Pure: no I/O. ``analyze_startup`` is what ``kvforensics analyze`` runs after reading the log,
-and what ``inspect`` will run on the log excerpt a probe brings back.
+Pure: no I/O. ``build_analysis`` is what ``kvforensics analyze`` runs after reading the log, and
+what ``inspect`` runs on the log excerpt a probe brings back; the rule book then adds findings.
 """
 
 from __future__ import annotations
@@ -63,6 +63,20 @@ class Analysis:
         value = self.server_args.get("page_size")
         return value if isinstance(value, int) and value > 0 else 1
 
+    def headroom(self) -> Tuple[Optional[int], str]:
+        """Free memory after startup: the summary's available_gpu_mem, else the least of the ranks'."""
+        if self.summary.startup_avail_bytes is not None:
+            return self.summary.startup_avail_bytes, self.summary.source + ": available_gpu_mem"
+        finals = [(r.final_avail_bytes, r) for r in self.ranks if r.final_avail_bytes is not None]
+        if not finals:
+            return None, ""
+        value, r = min(finals, key=lambda x: x[0])
+        return value, "{} {}: last free figure".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
+
+    def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
+        """(text, evidence) of SGLang's own warnings of one kind ("unbalanced", …)."""
+        return [(e.text, where(e)) for e in self.attributed.other if e.kind == kind]
+
     @property
     def failed(self) -> Optional[LogEvent]:
         """The startup failure, if the startup failed before its summary line."""
@@ -97,12 +111,12 @@ def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
         return None
 
 
-def analyze_startup(startup: Startup, target: str, opts: Options, index: Optional[int] = None,
-                    count: Optional[int] = None, reader_notes: Tuple[str, ...] = (),
-                    fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
-    """``fallback_args``: flags from the live command line, used where the log has no server_args."""
-    from agent.sglang import recommend, rules
+def build_analysis(startup: Startup, target: str, opts: Options, index: Optional[int] = None,
+                   count: Optional[int] = None, reader_notes: Tuple[str, ...] = (),
+                   fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
+    """The startup's ledgers and budget, without findings (``agent/analyze.py`` adds those).
 
+    ``fallback_args``: flags from the live command line, used where the log has no server_args."""
     problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
     attributed = attribute(startup)
     era = era_mod.detect(startup)
@@ -145,14 +159,8 @@ def analyze_startup(startup: Startup, target: str, opts: Options, index: Optiona
     if not attributed.ranks:
         problems.append(Problem("log.no_ranks", "no per-rank memory lines in this startup"))
     status = "ok" if not missing else "partial"
-    analysis = Analysis(target, status, tuple(problems), era, args,
-                        where(args_ev) if args_ev else "", index, count, startup.first_line, summary,
-                        ranks, bud, geo, rtt, attributed, opts)
-    found = tuple(rules.evaluate(analysis))
-    recs = tuple(recommend.recommend(analysis))
-    from dataclasses import replace
-
-    return replace(analysis, findings=found, recommendations=recs)
+    return Analysis(target, status, tuple(problems), era, args, where(args_ev) if args_ev else "", index, count,
+                    startup.first_line, summary, ranks, bud, geo, rtt, attributed, opts)
 
 
 def _draft_loaded_first(attributed: Attributed) -> bool:

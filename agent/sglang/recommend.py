@@ -1,19 +1,24 @@
 """Recommendations: exact flags and values, with their gain in bytes, tokens and requests.
 
 From a log alone every gain is "estimated": the startup headroom is measured, but the peak
-free memory under load is not (``kvforensics record`` history makes it "measured"). The margin
-kept free (``--margin``, default 2 GiB) covers runtime activations not seen at startup.
+free memory under load is not. On a live node the mem-fraction and HiCache advice rests on
+measurement (NVML now, or ``kvforensics record``'s low-water mark). The margin kept free
+(``--margin``, default 2 GiB) covers runtime activations not seen at startup.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from agent.node_rules import UNUSED_WARN_BYTES, headroom, host_offload
+from agent.records import Recommendation
 from agent.sglang.analysis import Analysis
 from agent.sglang.budget import Budget
-from agent.records import Recommendation
-from agent.sglang.rules import UNUSED_WARN_BYTES, gib, headroom
+from collectors.units import gib
+
+if TYPE_CHECKING:
+    from agent.rulebook import Context
 
 _HALF_PRECISION = ("bf16", "bfloat16", "float16", "fp16", "half", "auto", "torch.bfloat16", "torch.float16")
 
@@ -49,10 +54,17 @@ def mem_fraction_change(b: Budget, delta_bytes: int) -> Tuple[float, int, int]:
     return new, gain, tokens
 
 
-def raise_mem_fraction(a: Analysis) -> Iterator[Recommendation]:
+def mem_fraction(ctx: "Context") -> Iterator[Recommendation]:
+    """Raise --mem-fraction-static into unused memory, or lower it below the margin."""
+    a = ctx.analysis
+    if not isinstance(a, Analysis) or a.failed is not None:
+        return
+    if ctx.live is not None:
+        yield from _measured_mem_fraction(ctx, a)
+        return
     b = a.budget
-    free, src = headroom(a)
-    if a.failed is not None or free is None or b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
+    free, src = a.headroom()
+    if free is None or b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
         return
     spare = free - a.options.margin_bytes
     if spare < UNUSED_WARN_BYTES:
@@ -72,6 +84,26 @@ def raise_mem_fraction(a: Analysis) -> Iterator[Recommendation]:
         "not (kvforensics record keeps low-water marks).".format(
             gib(free), src, gib(a.options.margin_bytes), gib(spare), new, b.mfs, gib(b.pre_min_bytes),
             gib(gain), tokens, b.cell_bytes, draft_note),
+        gain_requests(a, tokens))
+
+
+def _measured_mem_fraction(ctx: "Context", a: Analysis) -> Iterator[Recommendation]:
+    b = a.budget
+    found = headroom(ctx)
+    if found is None or b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
+        return
+    spare = found.spare(ctx.options.margin_bytes)
+    if not (spare >= UNUSED_WARN_BYTES or spare < 0):
+        return
+    new, gain, tokens = mem_fraction_change(b, spare)
+    caveat = ("" if found.measured else " One look at the GPUs: under heavier load free memory can dip lower "
+              "(kvforensics record keeps low-water marks).")
+    yield Recommendation(
+        "--mem-fraction-static", "{:.3f}".format(new), gain, tokens, "measured",
+        "{} → {} {} keeping the {} margin → --mem-fraction-static {:.3f} ((Δ {:+.3f}) × pre-load free {} "
+        "from the log) → {:+,} tokens per rank at {:,} B/token.{}".format(
+            found.how, "reclaim" if spare >= 0 else "give back", gib(abs(spare)), gib(ctx.options.margin_bytes),
+            new, new - b.mfs, gib(b.pre_min_bytes), tokens, b.cell_bytes, caveat),
         gain_requests(a, tokens))
 
 
@@ -105,9 +137,23 @@ def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:
         gain_requests(a, tokens))
 
 
-def hierarchical_cache(a: Analysis) -> Iterator[Recommendation]:
+def hierarchical_cache(ctx: "Context") -> Iterator[Recommendation]:
+    """A host-RAM KV tier: sized from measured host RAM on a live node, from the pool offline."""
+    a = ctx.analysis
+    if not isinstance(a, Analysis) or a.failed is not None:
+        return
+    if ctx.live is not None:
+        off = host_offload(ctx.live)
+        if off is not None and not a.server_args.get("enable_hierarchical_cache"):
+            yield Recommendation(
+                "--enable-hierarchical-cache --hicache-size", str(off.size_gb), None, off.tokens, "measured",
+                "{} GB per rank of host RAM ({} ranks, SGLang's 10 GiB host reserve kept) holds {:,} tokens of "
+                "prefix cache per rank. It keeps more context reusable (shared prefixes, multi-turn); it does not "
+                "raise how many requests decode at once.".format(off.size_gb, off.ranks, off.tokens),
+                {"at_context_len": 0, "at_request_tokens": 0})
+        return
     args = a.server_args
-    if a.failed is not None or args.get("enable_hierarchical_cache") or args.get("enable_hicache"):
+    if args.get("enable_hierarchical_cache") or args.get("enable_hicache"):
         return
     r = next((x for x in a.ranks if x.target.kv_bytes is not None), None)
     t = a.summary.max_total_num_tokens
@@ -194,13 +240,13 @@ def startup_failure_fix(a: Analysis) -> Iterator[Recommendation]:
                              "Alternatively lower --mem-fraction-static by 0.02–0.05.")
 
 
-RECOMMENDERS = (startup_failure_fix, raise_mem_fraction, max_running_requests, cuda_graph_max_bs,
-                fp8_kv_cache, hierarchical_cache)
+def _on_startup(rec: Callable[[Analysis], Iterable[Recommendation]]) -> Callable[["Context"], Iterable[Recommendation]]:
+    """A recommender over the startup analysis alone, the same offline and live."""
+    def run(ctx: "Context") -> Iterable[Recommendation]:
+        return rec(ctx.analysis) if isinstance(ctx.analysis, Analysis) else ()
+    run.__name__ = rec.__name__
+    return run
 
 
-def recommend(a: Analysis) -> List[Recommendation]:
-    out: List[Recommendation] = []
-    for rec in RECOMMENDERS:
-        out.extend(rec(a))
-    return out
-
+RECOMMENDERS = (_on_startup(startup_failure_fix), mem_fraction, _on_startup(max_running_requests),
+                _on_startup(cuda_graph_max_bs), _on_startup(fp8_kv_cache), hierarchical_cache)

@@ -1,4 +1,6 @@
-"""Findings: small pure rules over an Analysis. Each returns zero or more Findings.
+"""SGLang's log rules: small pure functions over an SGLang startup Analysis, each returning zero or
+more Findings. The rules every engine shares (unused memory, imbalance, concurrency) and the
+live node's rules are in ``agent/node_rules.py``; ``agent/rulebook.py`` runs them all.
 
 Codes are stable (documented in README); tolerances are named constants.
 """
@@ -7,18 +9,12 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional, Tuple
 
+from agent.records import Finding
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, where
-from agent.records import Finding, most_severe_first
-from collectors.sglang.log import GIB
+from collectors.units import gib
 
-UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
-IMBALANCE_WARN_BYTES = 512 << 20  # post-load free spread across ranks worth reporting
 GEOMETRY_TOLERANCE = 0.01  # config vs log bytes-per-token, relative
-
-
-def gib(n: Optional[float]) -> str:
-    return "?" if n is None else "{:.2f} GiB".format(n / GIB)
 
 
 def _min_rank(a: Analysis) -> Optional[RankLedger]:
@@ -156,41 +152,6 @@ def kv_budget_check(a: Analysis) -> Iterator[Finding]:
                   _ev(r, "pre_load_avail_bytes", "post_load_avail_bytes", "kv_tokens"))
 
 
-def headroom(a: Analysis) -> Tuple[Optional[int], str]:
-    """Free memory after startup: the summary's available_gpu_mem, else the least of the ranks'."""
-    if a.summary.startup_avail_bytes is not None:
-        return a.summary.startup_avail_bytes, a.summary.source + ": available_gpu_mem"
-    finals = [(r.final_avail_bytes, r) for r in a.ranks if r.final_avail_bytes is not None]
-    if not finals:
-        return None, ""
-    value, r = min(finals, key=lambda x: x[0])
-    return value, "{} {}: last free figure".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
-
-
-def unused_gpu_memory(a: Analysis) -> Iterator[Finding]:
-    if a.failed is not None:
-        return
-    free, src = headroom(a)
-    if free is None:
-        return
-    margin = a.options.margin_bytes
-    spare = free - margin
-    if spare < UNUSED_WARN_BYTES:
-        if free < margin:
-            yield Finding("low_headroom", "warning",
-                          "Only {} free after startup, below the {} margin".format(gib(free), gib(margin)),
-                          "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
-                          "come out of this; out-of-memory errors under load are likely.", free, (src,))
-        return
-    cell = a.budget.cell_bytes
-    tokens = " ≈ {:,} more KV tokens".format(spare // cell) if cell else ""
-    yield Finding("unused_gpu_memory", "warning",
-                  "{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
-                  "{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
-                  "the KV pool could use{}.".format(gib(free), src, gib(margin), gib(spare), tokens),
-                  spare, (src,))
-
-
 def draft_in_reserve(a: Analysis) -> Iterator[Finding]:
     r = _min_rank(a)
     if r is None or r.draft is None:
@@ -215,57 +176,6 @@ def draft_in_reserve(a: Analysis) -> Iterator[Finding]:
     yield Finding("draft_in_reserve", "warning" if reserve and spent > reserve / 4 else "info",
                   "The draft model ({}) took {} out of the reserve".format(kind, gib(spent)),
                   detail, spent, evidence)
-
-
-def concurrency_bound(a: Analysis) -> Iterator[Finding]:
-    s = a.summary
-    if s.max_total_num_tokens is None or s.context_len is None or s.max_running_requests is None:
-        return
-    t, c, r, n = s.max_total_num_tokens, s.context_len, s.max_running_requests, a.options.request_tokens
-    full = t // c
-    at_n = t // n
-    if at_n < r:
-        bound = "KV tokens"
-        title = "KV tokens bound concurrency: {:,} tokens hold {:,} requests of {:,} tokens, below the {:,} request slots".format(
-            t, at_n, n, r)
-    else:
-        bound = "request slots"
-        title = "Request slots bound concurrency: max_running_requests {:,} < {:,} requests of {:,} tokens the KV pool holds".format(
-            r, at_n, n)
-    detail = ("max_total_num_tokens {:,}, max_running_requests {:,}, context_len {:,} ({}). At context_len, "
-              "{} full-length request(s) fit at once{}; at {:,} tokens per request (--request-tokens), {:,}. "
-              "Bound: {}.").format(t, r, c, s.source, full,
-                                   " — not even one" if full == 0 else "", n, min(r, at_n), bound)
-    sev = "warning" if full == 0 or bound == "KV tokens" else "info"
-    yield Finding("concurrency_bound", sev, title, detail, None, (s.source,))
-
-
-def rank_imbalance(a: Analysis) -> Iterator[Finding]:
-    posts = [(r.target.post_load_avail_bytes, r) for r in a.ranks if r.target.post_load_avail_bytes is not None]
-    warned = next((e for e in a.attributed.other if e.kind == "unbalanced"), None)
-    if len(posts) < 2 and warned is None:
-        return
-    spread = 0
-    detail = ""
-    evidence: Tuple[str, ...] = ()
-    if len(posts) >= 2:
-        lo = min(posts, key=lambda x: x[0])
-        hi = max(posts, key=lambda x: x[0])
-        spread = hi[0] - lo[0]
-        if spread < IMBALANCE_WARN_BYTES and warned is None:
-            return
-        cell = a.budget.cell_bytes
-        cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
-        detail = ("Free memory after loading ranges from {} on {} to {} on {}. SGLang sizes every rank's "
-                  "pool from the minimum, so each other rank leaves up to {}{} unused. Something else "
-                  "(another process, a leftover allocation) holds memory on {}.").format(
-            gib(lo[0]), lo[1].rank, gib(hi[0]), hi[1].rank, gib(spread), cost, lo[1].rank)
-        evidence = _ev(lo[1], "post_load_avail_bytes") + _ev(hi[1], "post_load_avail_bytes")
-    if warned is not None:
-        detail += " SGLang itself warned: {} ({}).".format(warned.text, where(warned))
-        evidence += (where(warned),)
-    yield Finding("rank_imbalance", "warning", "GPU memory is unbalanced across ranks", detail.strip(),
-                  spread or None, evidence)
 
 
 def kv_geometry_check(a: Analysis) -> Iterator[Finding]:
@@ -310,12 +220,6 @@ def startup_notes(a: Analysis) -> Iterator[Finding]:
                           ev.text + " (decimal GB: HiCache sizes use 1e9)", ev.data["host_bytes"], (where(ev),))
 
 
-RULES = (startup_failed, mem_fraction_semantics, kv_budget_check, reserve_spent, unused_gpu_memory,
-         draft_in_reserve, concurrency_bound, rank_imbalance, kv_geometry_check, startup_notes)
-
-
-def evaluate(a: Analysis) -> List[Finding]:
-    out: List[Finding] = []
-    for rule in RULES:
-        out.extend(rule(a))
-    return most_severe_first(out)
+# SGLang's own log rules, in report order (agent/rulebook.py places them among the others).
+RULES = (startup_failed, mem_fraction_semantics, kv_budget_check, reserve_spent, draft_in_reserve,
+         kv_geometry_check, startup_notes)

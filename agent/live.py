@@ -1,0 +1,117 @@
+"""Records of a live node: each GPU's NVML figures, its processes, and the split of its memory.
+
+Engine-neutral: a ledger item says *what* holds the memory (an ``ItemKind``); the renderers
+choose the words and colours. Sizes are int bytes; unknown is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Dict, Optional, Tuple, Union
+
+from agent.records import Finding, Options, Problem, Recommendation
+
+
+class Owner(str, Enum):
+    """Whose memory a GPU process holds, from the engine's process table."""
+
+    ENGINE = "engine"  # the engine being explained
+    OTHER_ENGINE = "other_engine"  # another inference server on the node
+    FOREIGN = "foreign"  # any other process
+    ORPHANED = "orphaned"  # NVML charges a PID /proc does not have
+
+
+class ItemKind(str, Enum):
+    """One slice of a GPU's memory. The values are stable (JSON, metrics)."""
+
+    WEIGHTS = "weights"
+    KV_POOL = "kv_pool"
+    MAMBA = "mamba_state"
+    GRAPHS = "cuda_graphs"
+    WORKSPACES = "workspaces"  # attention workspaces + the req_to_token table
+    DRAFT = "draft_model"
+    ENGINE_UNLOGGED = "engine_unlogged"  # the engine process beyond its logged items
+    ENGINE_PROCESS = "engine_process"  # the engine process, when no log says what is inside
+    OTHER_ENGINES = "other_engines"
+    FOREIGN = "foreign_processes"
+    ORPHANED = "orphaned_pids"
+    NO_PROCESS = "no_process"  # NVML used minus every process: driver, other namespaces
+    RESERVED = "driver_reserved"
+    FREE = "free"
+
+
+@dataclass(frozen=True)
+class LedgerItem:
+    kind: ItemKind
+    bytes: Optional[int]
+    source: str
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: Optional[int]
+    name: str  # command line, shortened
+    owner: Owner
+    rank: Optional[str] = None
+    user: Optional[str] = None
+    container: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class GpuLedger:
+    """One GPU now. NVML figures are raw; the split below them is the reconciliation."""
+
+    index: int
+    status: str
+    uuid: Optional[str]
+    name: Optional[str]
+    total_bytes: Optional[int]
+    reserved_bytes: Optional[int]
+    used_bytes: Optional[int]
+    free_bytes: Optional[int]
+    processes: Tuple[GpuProcess, ...]
+    rank: Optional[str] = None  # the engine rank running here
+    items: Tuple[LedgerItem, ...] = ()  # sums to used (+ reserved + free)
+    problems: Tuple[Problem, ...] = ()
+
+    def held_by(self, owner: Owner) -> int:
+        return sum(p.used_bytes or 0 for p in self.processes if p.owner is owner)
+
+
+@dataclass(frozen=True)
+class Inspection:
+    target: str
+    status: str  # "ok" | "partial" | "error"
+    problems: Tuple[Problem, ...]
+    snapshot: Dict[str, Any]
+    analysis: Optional[Any]  # the engine's startup Analysis, when its log was read
+    gpus: Tuple[GpuLedger, ...]
+    host_memory: Dict[str, Any]
+    options: Options
+    findings: Tuple[Finding, ...] = ()
+    recommendations: Tuple[Recommendation, ...] = ()
+    collected_nothing: bool = False
+    engine: Optional[str] = None  # "sglang-<port>" of the engine explained
+    engine_args: Optional[Dict[str, Any]] = None  # its flags from the command line (secrets redacted)
+    history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
+    other_engines: Tuple[Dict[str, Any], ...] = ()  # the node's other servers (engine dicts)
+
+    @property
+    def engine_gpus(self) -> Tuple[GpuLedger, ...]:
+        return tuple(g for g in self.gpus if g.rank is not None)
+
+
+@dataclass(frozen=True)
+class TargetFailure:
+    """A target that could not be collected at all (an SSH host down, refused, …)."""
+
+    target: str
+    status: str  # unreachable | auth_failed | host_key_refused | error
+    code: str
+    message: str
+
+
+# What one target of a command came to: an inspection, or why there is none.
+TargetResult = Union[Inspection, TargetFailure]

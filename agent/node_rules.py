@@ -1,0 +1,396 @@
+"""Engine-neutral rules: what a node's GPUs and processes say, and the three questions both a log
+and a live node answer (is memory unused, are ranks unbalanced, what bounds concurrency).
+
+Each rule is one function of the ``Context``: with a live node it measures (NVML now, or the
+engine run's recorded low-water mark); from a log alone it uses the startup's own figures. The
+engine's analysis is read through a small protocol every engine provides: ``failed``,
+``headroom()``, ``budget.cell_bytes``, ``server_args``, ``summary`` (``max_total_num_tokens``,
+``max_running_requests``, ``context_len``, ``source``), ``ranks`` (``rank``, ``target.
+post_load_avail_bytes``, ``target.sources``) and ``engine_warnings(kind)`` ((text, evidence) pairs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
+
+from agent.live import GpuLedger, Inspection, Owner
+from agent.records import Finding
+from collectors.units import gib
+
+if TYPE_CHECKING:
+    from agent.rulebook import Context
+
+UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
+IMBALANCE_WARN_BYTES = 512 << 20  # free-memory spread across ranks worth reporting
+HOST_RESERVE_BYTES = 10 << 30  # SGLang keeps 10 GiB of host RAM free for HiCache (research §5)
+
+
+# --- the figures rules and exporters share -------------------------------------------------
+
+@dataclass(frozen=True)
+class Headroom:
+    """The least free memory the engine has, and how it was measured."""
+
+    free_bytes: int
+    how: str  # a sentence for the finding's detail
+    evidence: str
+    gpu: Optional[GpuLedger] = None  # live only
+    measured: bool = False  # over a recorded history (≥ 2 samples), not one look
+
+    def spare(self, margin_bytes: int) -> int:
+        return self.free_bytes - margin_bytes
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return "{:.0f} days".format(seconds / 86400)
+    if seconds >= 2 * 3600:
+        return "{:.0f} hours".format(seconds / 3600)
+    return "{:.0f} minutes".format(seconds / 60)
+
+
+def lowest_free(insp: Inspection) -> Optional[Headroom]:
+    """The engine's least free GPU: the run's low-water mark when recorded history holds at
+    least two samples, else NVML now."""
+    gpus = [g for g in insp.engine_gpus if g.free_bytes is not None]
+    if not gpus:
+        return None
+    now = min(gpus, key=lambda g: g.free_bytes or 0)
+    assert now.free_bytes is not None
+    evidence = "nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(now.index)
+    h = insp.history
+    if h is not None and h.samples >= 2:
+        engine_idx = {g.index: g for g in insp.engine_gpus}
+        marks = [(lw.min_free_bytes, engine_idx[lw.gpu]) for lw in h.gpus
+                 if lw.gpu in engine_idx and lw.min_free_bytes is not None]
+        if marks:
+            value, gpu = min(marks, key=lambda m: m[0])
+            if now.free_bytes < value:
+                value, gpu = now.free_bytes, now
+            return Headroom(value, "measured over {}, {:,} samples: lowest free {} on GPU {}".format(
+                _span(h.span_s), h.samples, gib(value), gpu.index),
+                "nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(gpu.index), gpu, True)
+    return Headroom(now.free_bytes, "NVML now: {} free on GPU {}".format(gib(now.free_bytes), now.index),
+                    evidence, now)
+
+
+def headroom(ctx: "Context") -> Optional[Headroom]:
+    """Free memory the rules size from: live when there is a node, else the startup log's."""
+    if ctx.live is not None:
+        return lowest_free(ctx.live)
+    a = ctx.analysis
+    if a is None:
+        return None
+    free, src = a.headroom()
+    return None if free is None else Headroom(free, src, src)
+
+
+def unused_bytes(ctx: "Context") -> Optional[int]:
+    """Memory a larger KV budget could take: the headroom beyond the margin, never negative
+    (the figure of the unused_gpu_memory finding and of the engine_unused_bytes metric)."""
+    h = headroom(ctx)
+    return None if h is None else max(0, h.spare(ctx.options.margin_bytes))
+
+
+def _cell(ctx: "Context") -> Optional[int]:
+    return ctx.analysis.budget.cell_bytes if ctx.analysis is not None else None
+
+
+# --- node state (live only) ----------------------------------------------------------------
+
+def nvml_unavailable(ctx: "Context") -> Iterator[Finding]:
+    nv = ctx.live.snapshot.get("nvml") or {} if ctx.live else {}
+    if nv.get("status") in ("absent", "failed"):
+        msg = "; ".join(p["message"] for p in nv.get("problems", [])) or "NVML unavailable"
+        yield Finding("nvml_unavailable", "warning", "No GPU information: " + msg,
+                      "Without NVML kvforensics cannot see GPU memory; host memory and engine processes are "
+                      "still reported.", None, ("nvml",))
+
+
+def gpu_lost(ctx: "Context") -> Iterator[Finding]:
+    for g in ctx.live.gpus if ctx.live else ():
+        if g.status == "lost":
+            yield Finding("gpu_lost", "critical", "GPU {} is lost".format(g.index),
+                          "NVML answers GPU_IS_LOST: the GPU fell off the bus or hit a fatal error. It needs a "
+                          "reset (nvidia-smi -r) or a reboot; any engine rank on it is dead.", None,
+                          ("nvmlDeviceGetHandleByIndex({})".format(g.index),))
+
+
+def engine_not_found(ctx: "Context") -> Iterator[Finding]:
+    if ctx.live is not None and ctx.live.engine is None:
+        yield Finding("engine_not_found", "info", "No SGLang server or scheduler process on this node",
+                      "Looked for `sglang.launch_server`, `sglang serve` and `sglang::scheduler*` command lines "
+                      "in /proc.", None, ("/proc/*/cmdline",))
+
+
+def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
+    insp = ctx.live
+    if insp is None or insp.engine is None or insp.analysis is not None:
+        return
+    log = insp.snapshot.get("engine_log") or {}
+    why = "; ".join(p["message"] for p in log.get("problems", [])) or "no startup lines"
+    yield Finding("engine_log_missing", "warning", "The engine's startup log could not be read",
+                  why + ". Live GPU numbers are shown, but not what the engine allocated; pass "
+                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.get("source") or "engine_log",))
+
+
+# --- the questions logs and live nodes share -----------------------------------------------
+
+def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
+    """Unused memory beyond the margin (warning), or less free than the margin (low_headroom)."""
+    if ctx.live is None and (ctx.analysis is None or ctx.analysis.failed is not None):
+        return
+    h = headroom(ctx)
+    if h is None:
+        return
+    margin = ctx.options.margin_bytes
+    spare = h.spare(margin)
+    if spare < UNUSED_WARN_BYTES:
+        if h.free_bytes < margin:
+            yield _low_headroom(ctx, h, margin)
+        return
+    cell = _cell(ctx)
+    if ctx.live is not None:
+        n = len(ctx.live.engine_gpus)
+        tokens = " ≈ {:,} more KV tokens per rank".format(spare // cell) if cell else ""
+        low = h.gpu
+        assert low is not None
+        yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(gib(spare), n),
+                      "{} ({} {}). SGLang sizes every rank alike, so the least free GPU is what can be given to the "
+                      "KV pool. Minus the {} margin: {}{}.".format(h.how, low.rank, low.name or "", gib(margin),
+                                                                   gib(spare), tokens),
+                      spare, (h.evidence,))
+        return
+    tokens = " ≈ {:,} more KV tokens".format(spare // cell) if cell else ""
+    yield Finding("unused_gpu_memory", "warning",
+                  "{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
+                  "{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
+                  "the KV pool could use{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), tokens),
+                  spare, (h.evidence,))
+
+
+def _low_headroom(ctx: "Context", h: Headroom, margin: int) -> Finding:
+    if h.gpu is not None:
+        return Finding("low_headroom", "warning", "Only {} free on GPU {}, below the {} margin".format(
+            gib(h.free_bytes), h.gpu.index, gib(margin)),
+            "{}. Out-of-memory errors under load are likely; give memory back with a lower "
+            "--mem-fraction-static.".format(h.how), h.free_bytes, (h.evidence,))
+    return Finding("low_headroom", "warning",
+                   "Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
+                   "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
+                   "come out of this; out-of-memory errors under load are likely.", h.free_bytes, (h.evidence,))
+
+
+def rank_imbalance(ctx: "Context") -> Iterator[Finding]:
+    """Ranks are sized from the least free one: a spread leaves memory unused on the others."""
+    if ctx.live is not None:
+        yield from _live_imbalance(ctx, ctx.live)
+    elif ctx.analysis is not None:
+        yield from _log_imbalance(ctx)
+
+
+def _live_imbalance(ctx: "Context", insp: Inspection) -> Iterator[Finding]:
+    gpus = [g for g in insp.engine_gpus if g.free_bytes is not None]
+    if len(gpus) < 2:
+        return
+    lo = min(gpus, key=lambda g: g.free_bytes or 0)
+    hi = max(gpus, key=lambda g: g.free_bytes or 0)
+    spread = (hi.free_bytes or 0) - (lo.free_bytes or 0)
+    if spread < IMBALANCE_WARN_BYTES:
+        return
+    cell = _cell(ctx)
+    cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
+    yield Finding("rank_imbalance", "warning", "Free memory differs by {} across the engine's GPUs".format(gib(spread)),
+                  "GPU {} ({}) has {} free, GPU {} ({}) {}. Ranks are sized from the minimum, so the others leave up "
+                  "to {}{} each unused.".format(lo.index, lo.rank, gib(lo.free_bytes), hi.index, hi.rank,
+                                                gib(hi.free_bytes), gib(spread), cost),
+                  spread, ("nvmlDeviceGetMemoryInfo_v2 free, GPUs {} and {}".format(lo.index, hi.index),))
+
+
+def _rank_evidence(r, field: str) -> Tuple[str, ...]:  # type: ignore[no-untyped-def]
+    s = r.target.sources.get(field)
+    if not s:
+        return ()
+    return ("{} {}".format(r.rank, s) if r.rank else s,)
+
+
+def _log_imbalance(ctx: "Context") -> Iterator[Finding]:
+    a = ctx.analysis
+    posts = [(r.target.post_load_avail_bytes, r) for r in a.ranks if r.target.post_load_avail_bytes is not None]
+    warned = next(iter(a.engine_warnings("unbalanced")), None)
+    if len(posts) < 2 and warned is None:
+        return
+    spread = 0
+    detail = ""
+    evidence: Tuple[str, ...] = ()
+    if len(posts) >= 2:
+        lo = min(posts, key=lambda x: x[0])
+        hi = max(posts, key=lambda x: x[0])
+        spread = hi[0] - lo[0]
+        if spread < IMBALANCE_WARN_BYTES and warned is None:
+            return
+        cell = _cell(ctx)
+        cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
+        detail = ("Free memory after loading ranges from {} on {} to {} on {}. SGLang sizes every rank's "
+                  "pool from the minimum, so each other rank leaves up to {}{} unused. Something else "
+                  "(another process, a leftover allocation) holds memory on {}.").format(
+            gib(lo[0]), lo[1].rank, gib(hi[0]), hi[1].rank, gib(spread), cost, lo[1].rank)
+        evidence = _rank_evidence(lo[1], "post_load_avail_bytes") + _rank_evidence(hi[1], "post_load_avail_bytes")
+    if warned is not None:
+        text, at = warned
+        detail += " SGLang itself warned: {} ({}).".format(text, at)
+        evidence += (at,)
+    yield Finding("rank_imbalance", "warning", "GPU memory is unbalanced across ranks", detail.strip(),
+                  spread or None, evidence)
+
+
+def concurrency_bound(ctx: "Context") -> Iterator[Finding]:
+    """What limits concurrent requests: KV tokens or request slots (live: with the engine's load)."""
+    a = ctx.analysis
+    if a is None:
+        return
+    s = a.summary
+    if s.max_total_num_tokens is None or s.context_len is None or s.max_running_requests is None:
+        return
+    t, c, r, n = s.max_total_num_tokens, s.context_len, s.max_running_requests, ctx.options.request_tokens
+    full = t // c
+    at_n = t // n
+    if at_n < r:
+        bound = "KV tokens"
+        title = ("KV tokens bound concurrency: {:,} tokens hold {:,} requests of {:,} tokens, below the {:,} "
+                 "request slots").format(t, at_n, n, r)
+    else:
+        bound = "request slots"
+        title = ("Request slots bound concurrency: max_running_requests {:,} < {:,} requests of {:,} tokens the "
+                 "KV pool holds").format(r, at_n, n)
+    detail = ("max_total_num_tokens {:,}, max_running_requests {:,}, context_len {:,} ({}). At context_len, "
+              "{} full-length request(s) fit at once{}; at {:,} tokens per request (--request-tokens), {:,}. "
+              "Bound: {}.").format(t, r, c, s.source, full,
+                                   " — not even one" if full == 0 else "", n, min(r, at_n), bound)
+    sev = "warning" if full == 0 or bound == "KV tokens" else "info"
+    found = Finding("concurrency_bound", sev, title, detail, None, (s.source,))
+    yield _with_live_load(ctx, found) if ctx.live is not None else found
+
+
+def _with_live_load(ctx: "Context", base: Finding) -> Finding:
+    assert ctx.live is not None
+    http = ctx.live.snapshot.get("engine_http") or {}
+    metrics = http.get("metrics") or {}
+    if not metrics:
+        return base
+    live = []
+    for key, label, fmt in (("sglang:num_running_reqs", "running", "{:.0f}"),
+                            ("sglang:num_queue_reqs", "queued", "{:.0f}"),
+                            ("sglang:token_usage", "KV token usage", "{:.0%}"),
+                            ("sglang:num_used_tokens", "tokens in use", "{:,.0f}")):
+        if key in metrics:
+            live.append("{} {}".format(label, fmt.format(metrics[key])))
+    url = http.get("url")
+    queued = metrics.get("sglang:num_queue_reqs", 0)
+    sev = "warning" if queued > 0 or base.severity == "warning" else "info"
+    return replace(base, severity=sev, detail=base.detail + " Live ({}/metrics): {}.".format(url, ", ".join(live)),
+                   evidence=base.evidence + ("{}/metrics".format(url),))
+
+
+# --- processes (live only) -----------------------------------------------------------------
+
+def foreign_gpu_process(ctx: "Context") -> Iterator[Finding]:
+    insp = ctx.live
+    if insp is None:
+        return
+    cell = _cell(ctx)
+    engine_gpus = {g.index for g in insp.engine_gpus}
+    for g in insp.gpus:
+        for p in g.processes:
+            if p.owner is not Owner.FOREIGN or not p.used_bytes:
+                continue
+            on_engine = g.index in engine_gpus
+            cost = ""
+            if on_engine and cell:
+                cost = (" SGLang sizes every rank's KV pool from the minimum free memory across ranks, so while it "
+                        "runs a restart gives all {} rank(s) {} less each: {:,} KV tokens per rank.").format(
+                            len(engine_gpus), gib(p.used_bytes), p.used_bytes // cell)
+            who = ", ".join(x for x in ("user " + p.user if p.user else "", p.container or "") if x)
+            yield Finding("foreign_gpu_process", "warning" if on_engine else "info",
+                          "PID {} ({}) holds {} on GPU {}{}".format(
+                              p.pid, p.name, gib(p.used_bytes), g.index,
+                              ", beside engine rank " + g.rank if on_engine and g.rank else ""),
+                          "{}A process that is not this engine's uses GPU memory.{}".format(
+                              who + ". " if who else "", cost),
+                          p.used_bytes, ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index),
+                                         "/proc/{}/cmdline".format(p.pid)))
+
+
+def orphaned_gpu_memory(ctx: "Context") -> Iterator[Finding]:
+    for g in ctx.live.gpus if ctx.live else ():
+        for p in g.processes:
+            if p.owner is Owner.ORPHANED:
+                yield Finding("orphaned_gpu_memory", "error",
+                              "{} on GPU {} is held by PID {}, which does not exist".format(
+                                  gib(p.used_bytes) if p.used_bytes is not None else "memory", g.index, p.pid),
+                              "NVML still charges memory to a process /proc does not have: a leaked CUDA context "
+                              "(find holders with `lsof /dev/nvidia*`), or a process in another PID namespace "
+                              "when kvforensics runs inside a container.", p.used_bytes,
+                              ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index), "/proc/{}".format(p.pid)))
+
+
+@dataclass(frozen=True)
+class HostOffload:
+    ranks: int
+    per_rank_bytes: int  # host RAM per rank after SGLang's 10 GiB reserve
+    size_gb: int  # --hicache-size value: decimal GB per rank, rounded down
+    tokens: int  # KV tokens that size holds per rank
+
+
+def host_offload(insp: Inspection) -> Optional[HostOffload]:
+    """HiCache sizing from measured host RAM: (available − 10 GiB) // ranks on this host (SGLang 0.5.19+)."""
+    a = insp.analysis
+    avail = insp.host_memory.get("available_bytes")
+    if a is None or avail is None or a.failed is not None or not a.budget.cell_bytes:
+        return None
+    ranks = max(1, len(insp.engine_gpus) or len(a.ranks))
+    per_rank = (avail - HOST_RESERVE_BYTES) // ranks
+    size_gb = int(per_rank // 10**9)
+    if size_gb < 1 or a.summary.max_total_num_tokens is None:
+        return None
+    return HostOffload(ranks, per_rank, size_gb, size_gb * 10**9 // a.budget.cell_bytes)
+
+
+def host_ram_offload(ctx: "Context") -> Iterator[Finding]:
+    insp = ctx.live
+    off = host_offload(insp) if insp is not None else None
+    if insp is None or off is None:
+        return
+    a = insp.analysis
+    avail = insp.host_memory["available_bytes"]
+    ratio = off.tokens / (a.summary.max_total_num_tokens or 1)
+    enabled = bool(a.server_args.get("enable_hierarchical_cache"))
+    yield Finding("host_ram_offload", "info",
+                  "Host RAM could hold {:,} KV tokens per rank ({:.1f}× the GPU pool) as a HiCache tier".format(
+                      off.tokens, ratio),
+                  "{} host RAM available (MemAvailable{}), minus SGLang's 10 GiB host reserve, split over {} rank(s): "
+                  "{:.2f} GB each; --hicache-size {} (decimal GB, rounded down, as SGLang reads it) at {:,} B/token.{}".format(
+                      gib(avail), ", cgroup-bounded" if insp.host_memory.get("cgroup_limit_bytes") else "", off.ranks,
+                      off.per_rank_bytes / 1e9, off.size_gb, a.budget.cell_bytes,
+                      " HiCache is already enabled." if enabled else ""),
+                  off.per_rank_bytes * off.ranks, ("/proc/meminfo MemAvailable",))
+
+
+def other_engines(ctx: "Context") -> Iterator[Finding]:
+    from collectors.snapshot import engine_port
+
+    insp = ctx.live
+    servers = [e for e in (insp.other_engines if insp else ()) if e.get("server")]
+    if insp is None or not servers:
+        return
+    parts: List[str] = []
+    for e in servers:
+        pids = {s["pid"] for s in e.get("schedulers", [])}
+        gpus = sorted({g.index for g in insp.gpus for p in g.processes if p.pid in pids})
+        model = e.get("server_args", {}).get("model_path") or "?"
+        parts.append("port {} ({}, {} scheduler(s) on GPU {})".format(
+            engine_port(e), model, len(pids), ",".join(map(str, gpus)) or "none"))
+    yield Finding("other_engines", "info", "{} more SGLang server(s) on this node".format(len(servers)),
+                  "Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
+                      insp.engine or "none", "; ".join(parts)), None, ("/proc/*/cmdline",))

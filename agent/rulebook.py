@@ -1,0 +1,76 @@
+"""The rule book: every finding and every recommendation comes from here, offline and live.
+
+A rule is a small function of a ``Context`` — the engine's startup analysis, and when there is
+one, the live node (NVML ledger, processes, metrics) and its recorded history — that yields
+findings. The same rule serves a pasted log and a live node: it measures when it can (live
+NVML, the run's low-water mark) and reads the startup's own figures otherwise. Report order:
+within a severity, the order of ``RULES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional
+
+from agent import node_rules
+from agent.live import Inspection
+from agent.records import Finding, Options, Recommendation, most_severe_first
+from agent.sglang import recommend as sglang_recommend
+from agent.sglang import rules as sglang_rules
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules see. ``analysis`` is None when no startup log could be read."""
+
+    analysis: Optional[object]
+    options: Options
+    live: Optional[Inspection] = None
+
+    @classmethod
+    def offline(cls, analysis: object) -> "Context":
+        return cls(analysis, analysis.options)  # type: ignore[attr-defined]
+
+    @classmethod
+    def on_node(cls, insp: Inspection) -> "Context":
+        return cls(insp.analysis, insp.options, insp)
+
+    @property
+    def history(self) -> Optional[object]:
+        return self.live.history if self.live is not None else None
+
+
+Rule = Callable[[Context], Iterable[Finding]]
+Recommender = Callable[[Context], Iterable[Recommendation]]
+
+
+def _on_startup(rule: Callable[[object], Iterable[Finding]]) -> Rule:
+    """An engine rule over the startup analysis alone: silent without one."""
+    def run(ctx: Context) -> Iterable[Finding]:
+        return rule(ctx.analysis) if ctx.analysis is not None else ()
+    run.__name__ = getattr(rule, "__name__", "rule")
+    return run
+
+
+RULES: List[Rule] = [
+    node_rules.nvml_unavailable, node_rules.gpu_lost, node_rules.engine_not_found, node_rules.engine_log_missing,
+    *[_on_startup(r) for r in sglang_rules.RULES],
+    node_rules.unused_gpu_memory, node_rules.foreign_gpu_process, node_rules.orphaned_gpu_memory,
+    node_rules.rank_imbalance, node_rules.concurrency_bound, node_rules.host_ram_offload, node_rules.other_engines,
+]
+
+RECOMMENDERS: List[Recommender] = list(sglang_recommend.RECOMMENDERS)
+
+
+def findings(ctx: Context) -> List[Finding]:
+    out: List[Finding] = []
+    for rule in RULES:
+        out.extend(rule(ctx))
+    return most_severe_first(out)
+
+
+def recommendations(ctx: Context) -> List[Recommendation]:
+    out: List[Recommendation] = []
+    for rec in RECOMMENDERS:
+        out.extend(rec(ctx))
+    return out
