@@ -35,16 +35,32 @@ def save(snapshot: Dict[str, Any], path: str) -> None:
         raise
 
 
+MAX_BUNDLE_BYTES = 256 << 20  # a real bundle is well under 1 MB; a bigger file is not one
+
+
 def load(path: str) -> Dict[str, Any]:
+    """The bundle's snapshot, validated against the published snapshot schema."""
+    from agent import evidence
+
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BUNDLE_BYTES + 1)
     except FileNotFoundError:
         raise BundleError("{}: no such file".format(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BundleError("{}: cannot read: {}".format(path, exc)) from None
-    except json.JSONDecodeError as exc:
-        raise BundleError("{}: not JSON (line {}): not a kvforensics bundle".format(path, exc.lineno)) from None
+    if len(raw) > MAX_BUNDLE_BYTES:
+        raise BundleError("{}: larger than {} MiB: not a kvforensics bundle".format(path, MAX_BUNDLE_BYTES >> 20))
+    try:
+        data = evidence.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BundleError("{}: not UTF-8 text: not a kvforensics bundle".format(path)) from None
+    except evidence.EvidenceError as exc:
+        raise BundleError("{}: {}: not a kvforensics bundle".format(path, exc)) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise BundleError("{}: not a kvforensics bundle (expected schema {})".format(path, SCHEMA))
+    try:
+        evidence.check("snapshot", data)
+    except evidence.EvidenceError as exc:
+        raise BundleError("{}: not a valid kvforensics bundle: {}".format(path, exc)) from None
     return data

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Dict, Optional, Tuple, Union
 
+from agent.evidence import Engine, HostMemory, Snapshot
 from agent.records import Finding, Options, Problem, Recommendation
 
 
@@ -85,10 +86,10 @@ class Inspection:
     target: str
     status: str  # "ok" | "partial" | "error"
     problems: Tuple[Problem, ...]
-    snapshot: Dict[str, Any]
+    snapshot: Snapshot
     analysis: Optional[Any]  # the engine's startup Analysis, when its log was read
     gpus: Tuple[GpuLedger, ...]
-    host_memory: Dict[str, Any]
+    host_memory: HostMemory
     options: Options
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
@@ -96,7 +97,7 @@ class Inspection:
     engine: Optional[str] = None  # "sglang-<port>" of the engine explained
     engine_args: Optional[Dict[str, Any]] = None  # its flags from the command line (secrets redacted)
     history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
-    other_engines: Tuple[Dict[str, Any], ...] = ()  # the node's other servers (engine dicts)
+    other_engines: Tuple[Engine, ...] = ()  # the node's other servers
 
     @property
     def engine_gpus(self) -> Tuple[GpuLedger, ...]:

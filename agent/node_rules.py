@@ -100,9 +100,9 @@ def _cell(ctx: "Context") -> Optional[int]:
 # --- node state (live only) ----------------------------------------------------------------
 
 def nvml_unavailable(ctx: "Context") -> Iterator[Finding]:
-    nv = ctx.live.snapshot.get("nvml") or {} if ctx.live else {}
-    if nv.get("status") in ("absent", "failed"):
-        msg = "; ".join(p["message"] for p in nv.get("problems", [])) or "NVML unavailable"
+    nv = ctx.live.snapshot.nvml if ctx.live else None
+    if nv is not None and nv.unavailable:
+        msg = "; ".join(p.message for p in nv.problems) or "NVML unavailable"
         yield Finding("nvml_unavailable", "warning", "No GPU information: " + msg,
                       "Without NVML kvforensics cannot see GPU memory; host memory and engine processes are "
                       "still reported.", None, ("nvml",))
@@ -128,11 +128,11 @@ def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
     insp = ctx.live
     if insp is None or insp.engine is None or insp.analysis is not None:
         return
-    log = insp.snapshot.get("engine_log") or {}
-    why = "; ".join(p["message"] for p in log.get("problems", [])) or "no startup lines"
+    log = insp.snapshot.engine_log
+    why = "; ".join(p.message for p in log.problems) or "no startup lines"
     yield Finding("engine_log_missing", "warning", "The engine's startup log could not be read",
                   why + ". Live GPU numbers are shown, but not what the engine allocated; pass "
-                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.get("source") or "engine_log",))
+                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.source or "engine_log",))
 
 
 # --- the questions logs and live nodes share -----------------------------------------------
@@ -275,8 +275,8 @@ def concurrency_bound(ctx: "Context") -> Iterator[Finding]:
 
 def _with_live_load(ctx: "Context", base: Finding) -> Finding:
     assert ctx.live is not None
-    http = ctx.live.snapshot.get("engine_http") or {}
-    metrics = http.get("metrics") or {}
+    http = ctx.live.snapshot.http
+    metrics = http.metrics
     if not metrics:
         return base
     live = []
@@ -286,7 +286,7 @@ def _with_live_load(ctx: "Context", base: Finding) -> Finding:
                             ("sglang:num_used_tokens", "tokens in use", "{:,.0f}")):
         if key in metrics:
             live.append("{} {}".format(label, fmt.format(metrics[key])))
-    url = http.get("url")
+    url = http.url
     queued = metrics.get("sglang:num_queue_reqs", 0)
     sev = "warning" if queued > 0 or base.severity == "warning" else "info"
     return replace(base, severity=sev, detail=base.detail + " Live ({}/metrics): {}.".format(url, ", ".join(live)),
@@ -346,7 +346,7 @@ class HostOffload:
 def host_offload(insp: Inspection) -> Optional[HostOffload]:
     """HiCache sizing from measured host RAM: (available − 10 GiB) // ranks on this host (SGLang 0.5.19+)."""
     a = insp.analysis
-    avail = insp.host_memory.get("available_bytes")
+    avail = insp.host_memory.available_bytes
     if a is None or avail is None or a.failed is not None or not a.budget.cell_bytes:
         return None
     ranks = max(1, len(insp.engine_gpus) or len(a.ranks))
@@ -363,7 +363,7 @@ def host_ram_offload(ctx: "Context") -> Iterator[Finding]:
     if insp is None or off is None:
         return
     a = insp.analysis
-    avail = insp.host_memory["available_bytes"]
+    avail = insp.host_memory.available_bytes
     ratio = off.tokens / (a.summary.max_total_num_tokens or 1)
     enabled = bool(a.server_args.get("enable_hierarchical_cache"))
     yield Finding("host_ram_offload", "info",
@@ -371,26 +371,24 @@ def host_ram_offload(ctx: "Context") -> Iterator[Finding]:
                       off.tokens, ratio),
                   "{} host RAM available (MemAvailable{}), minus SGLang's 10 GiB host reserve, split over {} rank(s): "
                   "{:.2f} GB each; --hicache-size {} (decimal GB, rounded down, as SGLang reads it) at {:,} B/token.{}".format(
-                      gib(avail), ", cgroup-bounded" if insp.host_memory.get("cgroup_limit_bytes") else "", off.ranks,
+                      gib(avail), ", cgroup-bounded" if insp.host_memory.cgroup_limit_bytes else "", off.ranks,
                       off.per_rank_bytes / 1e9, off.size_gb, a.budget.cell_bytes,
                       " HiCache is already enabled." if enabled else ""),
                   off.per_rank_bytes * off.ranks, ("/proc/meminfo MemAvailable",))
 
 
 def other_engines(ctx: "Context") -> Iterator[Finding]:
-    from collectors.snapshot import engine_port
-
     insp = ctx.live
-    servers = [e for e in (insp.other_engines if insp else ()) if e.get("server")]
+    servers = [e for e in (insp.other_engines if insp else ()) if e.server is not None]
     if insp is None or not servers:
         return
     parts: List[str] = []
     for e in servers:
-        pids = {s["pid"] for s in e.get("schedulers", [])}
+        pids = {p.pid for p, _ in e.workers}
         gpus = sorted({g.index for g in insp.gpus for p in g.processes if p.pid in pids})
-        model = e.get("server_args", {}).get("model_path") or "?"
+        model = e.server_args.get("model_path") or "?"
         parts.append("port {} ({}, {} scheduler(s) on GPU {})".format(
-            engine_port(e), model, len(pids), ",".join(map(str, gpus)) or "none"))
+            e.port, model, len(pids), ",".join(map(str, gpus)) or "none"))
     yield Finding("other_engines", "info", "{} more SGLang server(s) on this node".format(len(servers)),
                   "Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
                       insp.engine or "none", "; ".join(parts)), None, ("/proc/*/cmdline",))

@@ -125,10 +125,13 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
             line = raw[len(MARKER):]
     if line is None:
         raise ProbeError("probe.no_answer", "the probe printed no answer")
+    from agent import evidence
+
     try:
-        answer = json.loads(line)
-    except ValueError:
-        raise ProbeError("probe.invalid_answer", "the probe's answer is not valid JSON (truncated output?)") from None
+        answer = evidence.loads(line)
+    except evidence.EvidenceError as exc:
+        raise ProbeError("probe.invalid_answer", "the probe's answer is unusable: {} (truncated output?)".format(
+            exc)) from None
     if not isinstance(answer, dict) or answer.get("version") != VERSION:
         raise ProbeError("probe.version", "the probe answered protocol version {}, expected {}".format(
             answer.get("version") if isinstance(answer, dict) else "?", VERSION))
@@ -139,6 +142,11 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
         raise ProbeError("probe.checksum", "the probe's snapshot failed its checksum")
     if not isinstance(snap, dict) or snap.get("schema") != SNAPSHOT_SCHEMA:
         raise ProbeError("probe.invalid_answer", "the probe's answer holds no kvforensics snapshot")
+    try:  # the checksum proves transport, not honesty: a host can re-sign a forged snapshot
+        evidence.check("snapshot", snap)
+    except evidence.EvidenceError as exc:
+        raise ProbeError("probe.invalid_answer", "the probe's snapshot breaks the snapshot schema at {}".format(
+            exc)) from None
     return snap
 
 

@@ -11,37 +11,32 @@ the log's analysis, this live ledger and, when ``kvforensics record`` keeps it, 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Union
 
-from agent import rulebook
+from agent import evidence, rulebook
 from agent.analyze import analyze_startup
+from agent.evidence import Engine, Gpu, Process, Snapshot
 from agent.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, Owner
 from agent.records import Options, Problem
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger
 from collectors.sglang.startups import segment_lines
-from collectors.snapshot import engine_port, selected_engine
 
 
-def _short(cmd: List[str]) -> str:
+def _short(cmd: tuple) -> str:
     text = " ".join(cmd)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _analysis(snap: Dict[str, Any], engine: Optional[Dict[str, Any]], target: str, opts: Options) -> Optional[Analysis]:
-    log = snap.get("engine_log") or {}
-    lines = log.get("lines") or []
-    if not lines:
-        return None
-    startups = segment_lines(lines)
+def _analysis(snap: Snapshot, target: str, opts: Options) -> Optional[Analysis]:
+    log = snap.engine_log
+    startups = segment_lines(log.lines) if log.lines else []
     if not startups:
         return None
-    cfg = (snap.get("model_config") or {}).get("config")
-    opts = replace(opts, model_config=cfg or opts.model_config,
-                   model_config_path=(snap.get("model_config") or {}).get("path") or opts.model_config_path)
-    notes = tuple(log.get("notes") or ())
-    return analyze_startup(startups[-1], target, opts, log.get("index"), log.get("count"), notes,
-                           fallback_args=(engine or {}).get("server_args"))
+    opts = replace(opts, model_config=dict(snap.model_config) if snap.model_config else opts.model_config,
+                   model_config_path=snap.model_config_path or opts.model_config_path)
+    return analyze_startup(startups[-1], target, opts, log.index, log.count, log.notes,
+                           fallback_args=dict(snap.selected.server_args) if snap.selected else None)
 
 
 def _rank_ledger(analysis: Optional[Analysis], rank: Optional[str]) -> Optional[RankLedger]:
@@ -50,13 +45,8 @@ def _rank_ledger(analysis: Optional[Analysis], rank: Optional[str]) -> Optional[
     return next((r for r in analysis.ranks if r.rank == rank), None)
 
 
-def _engine_processes(engine: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return list(engine.get("schedulers", [])) + list(engine.get("helpers", [])) + (
-        [engine["server"]] if engine.get("server") else [])
-
-
-def _owner(pid: int, info: Dict[str, Any], engine_pids: set, other_pids: set) -> Owner:
-    if info.get("missing"):
+def _owner(pid: int, info: Optional[Process], engine_pids: set, other_pids: set) -> Owner:
+    if info is not None and info.missing:
         return Owner.ORPHANED
     if pid in engine_pids:
         return Owner.ENGINE
@@ -65,16 +55,14 @@ def _owner(pid: int, info: Dict[str, Any], engine_pids: set, other_pids: set) ->
     return Owner.FOREIGN
 
 
-def _processes(gpu: Dict[str, Any], procs: Dict[str, Any], scheduler_ranks: Dict[int, str], engine_pids: set,
+def _processes(gpu: Gpu, procs: Mapping[int, Process], ranks: Dict[int, str], engine_pids: set,
                other_pids: set) -> List[GpuProcess]:
     out = []
-    for p in gpu.get("processes", []):
-        info = procs.get(str(p["pid"]), {})
-        container = info.get("container")
-        out.append(GpuProcess(p["pid"], p.get("used_bytes"), _short(info.get("cmdline") or []) or "?",
-                              _owner(p["pid"], info, engine_pids, other_pids), scheduler_ranks.get(p["pid"]),
-                              info.get("user"), "{}:{}".format(container["runtime"], container["id"][:12])
-                              if container else None))
+    for p in gpu.processes:
+        info = procs.get(p.pid)
+        out.append(GpuProcess(p.pid, p.used_bytes, _short(info.cmdline if info else ()) or "?",
+                              _owner(p.pid, info, engine_pids, other_pids), ranks.get(p.pid),
+                              info.user if info else None, info.container if info else None))
     return out
 
 
@@ -93,7 +81,7 @@ def _logged_items(led: Optional[RankLedger]) -> List[LedgerItem]:
     return [x for x in logged if x.bytes]
 
 
-def _items(gpu: Dict[str, Any], processes: List[GpuProcess], led: Optional[RankLedger]) -> List[LedgerItem]:
+def _items(gpu: Gpu, processes: List[GpuProcess], led: Optional[RankLedger]) -> List[LedgerItem]:
     """NVML's used memory split by holder; the items sum to used (+ reserved + free)."""
     held = {owner: sum(p.used_bytes or 0 for p in processes if p.owner is owner) for owner in Owner}
     items: List[LedgerItem] = []
@@ -111,75 +99,57 @@ def _items(gpu: Dict[str, Any], processes: List[GpuProcess], led: Optional[RankL
                                 (Owner.ORPHANED, ItemKind.ORPHANED, "NVML process list, absent from /proc")):
         if held[owner]:
             items.append(LedgerItem(kind, held[owner], source))
-    used = gpu.get("used_bytes")
-    if used is not None and all(p.used_bytes is not None for p in processes):
-        items.append(LedgerItem(ItemKind.NO_PROCESS, used - sum(held.values()), "NVML used − Σ process used"))
-    if gpu.get("reserved_bytes") is not None:
-        items.append(LedgerItem(ItemKind.RESERVED, gpu["reserved_bytes"], "nvmlDeviceGetMemoryInfo_v2 reserved"))
-    if gpu.get("free_bytes") is not None:
-        items.append(LedgerItem(ItemKind.FREE, gpu["free_bytes"], "nvmlDeviceGetMemoryInfo_v2 free"))
+    if gpu.used_bytes is not None and all(p.used_bytes is not None for p in processes):
+        items.append(LedgerItem(ItemKind.NO_PROCESS, gpu.used_bytes - sum(held.values()), "NVML used − Σ process used"))
+    if gpu.reserved_bytes is not None:
+        items.append(LedgerItem(ItemKind.RESERVED, gpu.reserved_bytes, "nvmlDeviceGetMemoryInfo_v2 reserved"))
+    if gpu.free_bytes is not None:
+        items.append(LedgerItem(ItemKind.FREE, gpu.free_bytes, "nvmlDeviceGetMemoryInfo_v2 free"))
     return items
 
 
-def _gpu_ledger(gpu: Dict[str, Any], procs: Dict[str, Any], scheduler_ranks: Dict[int, str],
-                engine_pids: set, other_pids: set, analysis: Optional[Analysis]) -> GpuLedger:
-    processes = _processes(gpu, procs, scheduler_ranks, engine_pids, other_pids)
+def _gpu_ledger(gpu: Gpu, procs: Mapping[int, Process], ranks: Dict[int, str], engine_pids: set,
+                other_pids: set, analysis: Optional[Analysis]) -> GpuLedger:
+    processes = _processes(gpu, procs, ranks, engine_pids, other_pids)
     rank = next((p.rank for p in reversed(processes) if p.rank is not None), None)
     items = _items(gpu, processes, _rank_ledger(analysis, rank))
-    return GpuLedger(gpu["index"], gpu.get("status", "ok"), gpu.get("uuid"), gpu.get("name"), gpu.get("total_bytes"),
-                     gpu.get("reserved_bytes"), gpu.get("used_bytes"), gpu.get("free_bytes"), tuple(processes), rank,
-                     tuple(items), tuple(Problem(p["code"], "GPU {}: {}".format(gpu["index"], p["message"]))
-                                        for p in gpu.get("problems", [])))
+    return GpuLedger(gpu.index, gpu.status, gpu.uuid, gpu.name, gpu.total_bytes, gpu.reserved_bytes, gpu.used_bytes,
+                     gpu.free_bytes, tuple(processes), rank, tuple(items),
+                     tuple(Problem(p.code, "GPU {}: {}".format(gpu.index, p.message)) for p in gpu.problems))
 
 
-def _problems(snap: Dict[str, Any]) -> List[Problem]:
-    problems: List[Problem] = []
-    for key in ("nvml", "host_memory", "engines", "engine_log", "model_config", "engine_http"):
-        for p in (snap.get(key) or {}).get("problems", []):
-            problems.append(Problem(p["code"], p["message"]))
-    for note in (snap.get("engine_log") or {}).get("notes", []):
-        problems.append(Problem("engine_log.reader", note))
-    return problems
-
-
-def _status(snap: Dict[str, Any], engine: Optional[Dict[str, Any]], analysis: Optional[Analysis],
-            gpus: List[GpuLedger], nothing: bool) -> str:
+def _status(snap: Snapshot, analysis: Optional[Analysis], gpus: List[GpuLedger], nothing: bool) -> str:
     if nothing:
         return "error"
-    if (snap.get("nvml") or {}).get("status") != "ok" or engine is None or analysis is None \
-            or any(g.status != "ok" for g in gpus):
+    if snap.nvml.status != "ok" or snap.selected is None or analysis is None or any(g.status != "ok" for g in gpus):
         return "partial"
     return "ok"
 
 
-def reconcile(snap: Dict[str, Any], target: str, opts: Options, history: Optional[Any] = None) -> Inspection:
+def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any] = None) -> Inspection:
     """The live ledger of a snapshot, without findings (the rule book adds those)."""
-    problems = _problems(snap)
-    engine_list = (snap.get("engines") or {}).get("engines", [])
-    engine = selected_engine(snap)
-    others = [e for e in engine_list if e is not engine]
-    other_pids = {p["pid"] for e in others for p in _engine_processes(e)}
-    engine_pids = {p["pid"] for p in _engine_processes(engine)} if engine else set()
-    scheduler_ranks = {s["pid"]: s["rank"] for s in engine["schedulers"]} if engine else {}
-    analysis = _analysis(snap, engine, target, opts)
-    procs = (snap.get("gpu_processes") or {}).get("processes", {})
-    gpus = [_gpu_ledger(g, procs, scheduler_ranks, engine_pids, other_pids, analysis)
-            for g in (snap.get("nvml") or {}).get("gpus", [])]
-    for g in gpus:
-        problems.extend(g.problems)
-    host = snap.get("host_memory") or {}
-    nothing = ((snap.get("nvml") or {}).get("status") in ("absent", "failed", None)
-               and host.get("status") in ("failed", None) and not engine_list)
-    return Inspection(target, _status(snap, engine, analysis, gpus, nothing), tuple(problems), snap, analysis,
-                      tuple(gpus), host, opts, collected_nothing=nothing, history=history,
-                      engine=None if engine is None else "sglang-{}".format(engine_port(engine)),
-                      engine_args=None if engine is None else dict(engine.get("server_args") or {}),
-                      other_engines=tuple(others))
+    engine: Optional[Engine] = snap.selected
+    other_pids = {pid for e in snap.others for pid in e.pids}
+    engine_pids = set(engine.pids) if engine else set()
+    ranks = {p.pid: rank for p, rank in engine.workers} if engine else {}
+    analysis = _analysis(snap, target, opts)
+    gpus = [_gpu_ledger(g, snap.processes, ranks, engine_pids, other_pids, analysis) for g in snap.nvml.gpus]
+    problems = list(snap.problems) + [p for g in gpus for p in g.problems]
+    nothing = (snap.nvml.status in ("absent", "failed", None) and snap.host_memory.status in ("failed", None)
+               and not snap.engines)
+    return Inspection(target, _status(snap, analysis, gpus, nothing), tuple(problems), snap, analysis,
+                      tuple(gpus), snap.host_memory, opts, collected_nothing=nothing, history=history,
+                      engine=None if engine is None else "sglang-{}".format(engine.port),
+                      engine_args=None if engine is None else dict(engine.server_args),
+                      other_engines=snap.others)
 
 
-def inspect_snapshot(snap: Dict[str, Any], target: str, opts: Options, history: Optional[Any] = None) -> Inspection:
-    """``history``: the current engine run's recorded samples; recommendations then rest on the
-    run's low-water free memory instead of one look."""
-    insp = reconcile(snap, target, opts, history)
-    return replace(insp, findings=tuple(rulebook.findings(rulebook.Context.on_node(insp))),
-                   recommendations=tuple(rulebook.recommendations(rulebook.Context.on_node(insp))))
+def inspect_snapshot(snap: Union[Dict[str, Any], Snapshot], target: str, opts: Options,
+                     history: Optional[Any] = None) -> Inspection:
+    """Reconcile a snapshot (a dict is validated and typed first: ``evidence.parse``) and run the
+    rule book over it. ``history``: the current engine run's recorded samples; recommendations
+    then rest on the run's low-water free memory instead of one look."""
+    typed = snap if isinstance(snap, Snapshot) else evidence.parse(snap)
+    insp = reconcile(typed, target, opts, history)
+    ctx = rulebook.Context.on_node(insp)
+    return replace(insp, findings=tuple(rulebook.findings(ctx)), recommendations=tuple(rulebook.recommendations(ctx)))

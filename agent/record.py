@@ -56,7 +56,7 @@ def run_key(snap: Dict[str, Any]) -> str:
 
 def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
     a = insp.analysis
-    metrics = (insp.snapshot.get("engine_http") or {}).get("metrics") or {}
+    metrics = insp.snapshot.http.metrics
     if a is None and not metrics:
         return None
 
@@ -109,7 +109,7 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
         stats = history.run_stats(conn, run_id)
         assert insp is not None
         # Findings and recommendations now rest on the run's history, not only the last look.
-        insp = inspect_snapshot(insp.snapshot, target, opts, history=stats)
+        insp = inspect_snapshot(insp.snapshot, target, opts, history=stats)  # already typed
         return RecordResult(insp, stats, written, pruned, opened.moved_aside)
     finally:
         conn.close()

@@ -122,7 +122,7 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
     d["status"] = insp.status
     d["problems"] = [{"code": p.code, "message": p.message} for p in insp.problems] + (
         [p for p in d.get("problems", []) if p["code"].startswith("log.")] if insp.analysis else [])
-    d["host"] = insp.snapshot.get("hostname")
+    d["host"] = insp.snapshot.hostname
     d["gpus"] = [gpu_dict(g) for g in insp.gpus]
     hm = insp.host_memory
     d["host_memory"] = {k: hm.get(k) for k in ("total_bytes", "available_bytes", "swap_total_bytes",

@@ -79,13 +79,14 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
         findings.labels(code, severity).set(n)
     ok = gauge("collector_success", "0 if the collector failed; 1 if it ran (absent = nothing to collect is not a failure).", ("collector",))
     dur = gauge("collector_duration_seconds", "Time the collector took.", ("collector",))
-    for run in insp.snapshot.get("collector_runs", []):
-        ok.labels(run["name"]).set(0 if run["status"] == "failed" else 1)
-        dur.labels(run["name"]).set(run["duration_s"])
+    for run in insp.snapshot.collector_runs:
+        ok.labels(run.name).set(0 if run.status == "failed" else 1)
+        if run.duration_s is not None:
+            dur.labels(run.name).set(run.duration_s)
     hm = insp.host_memory
     for key, doc in (("total_bytes", "Host RAM (MemTotal)."), ("available_bytes", "Host RAM available (MemAvailable, cgroup-bounded).")):
         if hm.get(key) is not None:
-            gauge("host_memory_" + key, doc).set(hm[key])
+            gauge("host_memory_" + key, doc).set(hm.get(key))
     gauge("last_success_timestamp_seconds", "When kvforensics record last completed (Unix time).").set(time.time())
     return reg
 

@@ -303,19 +303,19 @@ def _render_inspection(c: "object", insp: Inspection) -> None:
     from rich.text import Text
 
     snap = insp.snapshot
-    nv = snap.get("nvml") or {}
+    nv = snap.nvml
     head = Text()
     head.append("kvforensics ", style="bold")
     head.append(insp.target, style="bold cyan")
-    head.append("  ({}, taken {})".format(insp.status, _when(snap.get("taken_at_unix_s"))))
+    head.append("  ({}, taken {})".format(insp.status, _when(snap.taken_at_unix_s)))
     c.print(head)  # type: ignore[attr-defined]
     facts = []
-    if nv.get("driver_version"):
-        facts.append("driver {}".format(nv["driver_version"]))
+    if nv.driver_version:
+        facts.append("driver {}".format(nv.driver_version))
     facts.append("{} GPU(s)".format(len(insp.gpus)))
     hm = insp.host_memory
-    if hm.get("available_bytes") is not None:
-        facts.append("host RAM {} GiB available of {} GiB".format(_gib(hm["available_bytes"]), _gib(hm.get("total_bytes"))))
+    if hm.available_bytes is not None:
+        facts.append("host RAM {} GiB available of {} GiB".format(_gib(hm.available_bytes), _gib(hm.total_bytes)))
     c.print("  " + " · ".join(facts))  # type: ignore[attr-defined]
     for p in insp.problems:
         c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
@@ -351,7 +351,7 @@ def _render_inspection(c: "object", insp: Inspection) -> None:
         legend.append("░ free", style="dim")
         c.print(legend)  # type: ignore[attr-defined]
     if insp.analysis is not None:
-        c.print(Text("From the engine's startup log ({}):".format((snap.get("engine_log") or {}).get("source")),  # type: ignore[attr-defined]
+        c.print(Text("From the engine's startup log ({}):".format(snap.engine_log.source),  # type: ignore[attr-defined]
                      style="bold"))
         _render_one(c, insp.analysis, live=True)
     _findings(c, insp.findings)

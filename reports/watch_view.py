@@ -13,7 +13,7 @@ GIB = 1 << 30
 def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: float):
     from rich.table import Table
 
-    metrics = (insp.snapshot.get("engine_http") or {}).get("metrics") or {}
+    metrics = insp.snapshot.http.metrics
     usage = metrics.get("sglang:token_usage")
     running, queued = metrics.get("sglang:num_running_reqs"), metrics.get("sglang:num_queue_reqs")
     caption = "refresh every {:g} s · Ctrl-C to leave".format(interval)

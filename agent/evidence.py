@@ -1,0 +1,242 @@
+"""A node's snapshot, checked and typed at the edge: the one place the raw dict is read.
+
+Snapshots come from this machine's collectors, from a probe on another host (which may lie),
+or from an evidence bundle (which may be forged). Each is validated against the published
+schema (``agent/schemas/snapshot.schema.json``: types, ranges, sizes) and then parsed into
+frozen records, so the model and the renderers never see a raw dict or a wrong type. A bad
+snapshot is one ``EvidenceError`` sentence naming the first offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from agent.records import Problem
+
+SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+
+
+class EvidenceError(Exception):
+    """The snapshot does not hold what a kvforensics snapshot must; one sentence."""
+
+
+@lru_cache(maxsize=None)
+def schema(name: str) -> Dict[str, Any]:
+    """A published JSON Schema: ``report``, ``snapshot`` or ``history``."""
+    with open(SCHEMA_DIR / "{}.schema.json".format(name), "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+@lru_cache(maxsize=None)
+def _validator(name: str):  # type: ignore[no-untyped-def]
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema(name))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError("{} is not a JSON number".format(name))
+
+
+def loads(text: str) -> Any:
+    """Strict JSON: no NaN/Infinity, bounded nesting and number sizes; EvidenceError otherwise."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise EvidenceError("nested too deeply to be a kvforensics document") from None
+    except ValueError as exc:  # also Python's 4,300-digit int limit
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise EvidenceError("not JSON ({})".format(first_line[:120])) from None
+
+
+def check(name: str, document: Any) -> None:
+    """Raise EvidenceError for the first way ``document`` departs from schema ``name``."""
+    error = next(iter(_validator(name).iter_errors(document)), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        message = error.message if len(error.message) <= 160 else error.message[:157] + "..."
+        raise EvidenceError("{}: {}".format(where, message))
+
+
+@dataclass(frozen=True)
+class GpuProcessSeen:
+    pid: int
+    used_bytes: Optional[int]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    status: str
+    uuid: Optional[str]
+    name: Optional[str]
+    total_bytes: Optional[int]
+    reserved_bytes: Optional[int]
+    used_bytes: Optional[int]
+    free_bytes: Optional[int]
+    processes: Tuple[GpuProcessSeen, ...]
+    problems: Tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class Nvml:
+    status: Optional[str]
+    driver_version: Optional[str]
+    gpus: Tuple[Gpu, ...]
+    problems: Tuple[Problem, ...]
+
+    @property
+    def unavailable(self) -> bool:
+        return self.status in ("absent", "failed")
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    missing: bool
+    cmdline: Tuple[str, ...] = ()
+    user: Optional[str] = None
+    container: Optional[str] = None  # "runtime:id12"
+    start_time_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One inference server: its main process (None when only workers are visible) and workers."""
+
+    server: Optional[Process]
+    workers: Tuple[Tuple[Process, str], ...]  # (process, rank as printed: "TP3")
+    helpers: Tuple[Process, ...]
+    server_args: Mapping[str, Any]
+    port: int
+    raw: Mapping[str, Any]  # the collector's dict, for the engine's own collectors' helpers
+
+    @property
+    def pids(self) -> Tuple[int, ...]:
+        return tuple(p.pid for p, _ in self.workers) + tuple(p.pid for p in self.helpers) + (
+            (self.server.pid,) if self.server else ())
+
+
+@dataclass(frozen=True)
+class EngineLog:
+    status: Optional[str]
+    source: Optional[str]
+    lines: Tuple[Tuple[Optional[int], int, str], ...]
+    index: Optional[int]
+    count: Optional[int]
+    notes: Tuple[str, ...]
+    problems: Tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class EngineHttp:
+    url: Optional[str]
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    status: Optional[str]
+    total_bytes: Optional[int]
+    available_bytes: Optional[int]
+    swap_total_bytes: Optional[int]
+    swap_free_bytes: Optional[int]
+    cgroup_limit_bytes: Optional[int]
+
+    def get(self, key: str) -> Optional[int]:
+        return getattr(self, key, None)
+
+
+@dataclass(frozen=True)
+class CollectorRun:
+    name: str
+    status: str
+    duration_s: Optional[float]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    hostname: Optional[str]
+    taken_at_unix_s: Optional[float]
+    nvml: Nvml
+    host_memory: HostMemory
+    engines: Tuple[Engine, ...]
+    selected: Optional[Engine]  # the engine this snapshot explains
+    processes: Mapping[int, Process]  # every PID NVML reported
+    engine_log: EngineLog
+    model_config: Optional[Mapping[str, Any]]
+    model_config_path: Optional[str]
+    http: EngineHttp
+    collector_runs: Tuple[CollectorRun, ...]
+    problems: Tuple[Problem, ...]  # every collector's, in section order
+    raw: Mapping[str, Any]  # the validated document, for --save and for run keys
+
+    @property
+    def others(self) -> Tuple[Engine, ...]:
+        return tuple(e for e in self.engines if e is not self.selected)
+
+
+def _problems(section: Mapping[str, Any]) -> Tuple[Problem, ...]:
+    return tuple(Problem(p["code"], p["message"]) for p in section.get("problems") or ())
+
+
+def _process(d: Mapping[str, Any]) -> Process:
+    container = d.get("container")
+    return Process(d["pid"], bool(d.get("missing")), tuple(d.get("cmdline") or ()), d.get("user"),
+                   "{}:{}".format(container["runtime"], container["id"][:12]) if container else None,
+                   d.get("start_time_s"))
+
+
+def _gpu(d: Mapping[str, Any]) -> Gpu:
+    return Gpu(d["index"], d.get("status") or "ok", d.get("uuid"), d.get("name"), d.get("total_bytes"),
+               d.get("reserved_bytes"), d.get("used_bytes"), d.get("free_bytes"),
+               tuple(GpuProcessSeen(p["pid"], p.get("used_bytes")) for p in d.get("processes") or ()),
+               _problems(d))
+
+
+def _engine(d: Mapping[str, Any]) -> Engine:
+    from collectors.snapshot import engine_port
+
+    server = d.get("server")
+    return Engine(_process(server) if server else None,
+                  tuple((_process(s), s["rank"]) for s in d.get("schedulers") or ()),
+                  tuple(_process(h) for h in d.get("helpers") or ()), dict(d.get("server_args") or {}),
+                  engine_port(d), d)
+
+
+def parse(document: Any) -> Snapshot:
+    """Validate and type a snapshot document; EvidenceError if it is not one."""
+    from collectors.snapshot import selected_engine
+
+    if not isinstance(document, dict) or document.get("schema") != "kvforensics.snapshot/1":
+        raise EvidenceError("not a kvforensics snapshot (expected schema kvforensics.snapshot/1)")
+    check("snapshot", document)
+    nv = document["nvml"]
+    engines_raw = (document.get("engines") or {}).get("engines") or []
+    engines = tuple(_engine(e) for e in engines_raw)
+    chosen = selected_engine(document)
+    selected = next((e for e, raw in zip(engines, engines_raw) if raw is chosen), None)
+    log = document.get("engine_log") or {}
+    cfg = document.get("model_config") or {}
+    http = document.get("engine_http") or {}
+    hm = document.get("host_memory") or {}
+    problems = []
+    for key in ("nvml", "host_memory", "engines", "engine_log", "model_config", "engine_http"):
+        problems.extend(_problems(document.get(key) or {}))
+    problems.extend(Problem("engine_log.reader", note) for note in log.get("notes") or ())
+    return Snapshot(
+        document.get("hostname"), document.get("taken_at_unix_s"),
+        Nvml(nv.get("status"), nv.get("driver_version"), tuple(_gpu(g) for g in nv.get("gpus") or ()), _problems(nv)),
+        HostMemory(hm.get("status"), hm.get("total_bytes"), hm.get("available_bytes"), hm.get("swap_total_bytes"),
+                   hm.get("swap_free_bytes"), hm.get("cgroup_limit_bytes")),
+        engines, selected,
+        {int(k): _process(v) for k, v in ((document.get("gpu_processes") or {}).get("processes") or {}).items()},
+        EngineLog(log.get("status"), log.get("source"), tuple(tuple(x) for x in log.get("lines") or ()),  # type: ignore[misc]
+                  log.get("index"), log.get("count"), tuple(log.get("notes") or ()), _problems(log)),
+        cfg.get("config"), cfg.get("path"), EngineHttp(http.get("url"), dict(http.get("metrics") or {})),
+        tuple(CollectorRun(r["name"], r["status"], r.get("duration_s")) for r in document.get("collector_runs") or ()),
+        tuple(problems), document)
