@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Annotated
 
 import typer
 
 from agent.cli.options import (
+    FAIL_ON,
+    MARGIN_GIB,
+    REQUEST_TOKENS,
+    AnalyzeModelConfig,
+    AnalyzeStartup,
+    Color,
+    FailOn,
+    Margin,
+    ReportJson,
+    RequestTokens,
     UsageProblem,
     analysis_options,
     exit_for_findings,
@@ -18,15 +28,15 @@ from agent.cli.options import (
 
 
 def analyze(
-    log: str = typer.Argument(..., help="SGLang log: a file, a .gz file, or - for stdin.", show_default=False),
-    startup: int = typer.Option(-1, "--startup", help="Which startup: 1 = first in the file, -1 = last, -2 = the one before."),
-    model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json (or the model directory) to compute bytes per token from the architecture."),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON report (schema kvforensics.report/1)."),
-    fail_on: str = typer.Option("warning", "--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never."),
-    margin: float = typer.Option(2.0, "--margin", help="GiB to keep free for runtime activations when sizing recommendations."),
-    request_tokens: int = typer.Option(8192, "--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates."),
-    exact_lines: bool = typer.Option(False, "--exact-lines", help="Count line numbers even in huge logs (reads the whole file)."),
-    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
+    log: Annotated[str, typer.Argument(help="SGLang log: a file, a .gz file, or - for stdin.", show_default=False)],
+    startup: AnalyzeStartup = -1,
+    model_config: AnalyzeModelConfig = None,
+    as_json: ReportJson = False,
+    fail_on: FailOn = FAIL_ON,
+    margin: Margin = MARGIN_GIB,
+    request_tokens: RequestTokens = REQUEST_TOKENS,
+    exact_lines: Annotated[bool, typer.Option("--exact-lines", help="Count line numbers even in huge logs (reads the whole file).")] = False,
+    color: Color = None,
 ) -> None:
     """Explain an SGLang server's GPU memory from its startup log, offline."""
     from dataclasses import replace

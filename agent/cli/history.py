@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Annotated
 
 import typer
 
-from agent.cli.options import UsageProblem, terminal_width, use_color
+from agent.cli.options import ColorShortHelp, HistoryDb, UsageProblem, terminal_width, use_color
 
 
 def history_cmd(
-    db: Optional[str] = typer.Option(None, "--db", help="History database (default as for record)."),
-    since: str = typer.Option("7d", "--since", help="Window: 7d, 12h, 90m, 2w."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema kvforensics.history/1)."),
-    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off."),
+    db: HistoryDb = None,
+    since: Annotated[str, typer.Option("--since", help="Window: 7d, 12h, 90m, 2w.")] = "7d",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema kvforensics.history/1).")] = False,
+    color: ColorShortHelp = None,
 ) -> None:
     """Show recorded history: per GPU and rank the low-water free memory, peak KV usage, a plot."""
     import json

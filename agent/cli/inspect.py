@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
 from agent import exitcodes
 from agent.cli.options import (
+    FAIL_ON,
+    MARGIN_GIB,
+    REQUEST_TOKENS,
+    Color,
+    FailOn,
+    Http,
+    InspectDb,
+    InspectEngine,
+    InspectLog,
+    InspectModelConfig,
+    InspectNvmlLib,
+    InspectStartup,
+    Margin,
+    ReportJson,
+    RequestTokens,
     UsageProblem,
     analysis_options,
     check_log_spec,
@@ -20,27 +35,27 @@ from agent.cli.options import (
 
 
 def inspect(
-    targets: Optional[List[str]] = typer.Argument(None, help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this machine.", show_default=False),
-    hosts_file: Optional[str] = typer.Option(None, "--hosts-file", help="Read targets from a file: one per line, '#' comments."),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON report (schema kvforensics.report/1)."),
-    detail: bool = typer.Option(False, "--detail", help="With several hosts, print each host's full report after the summary."),
-    fail_on: str = typer.Option("warning", "--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never."),
-    margin: float = typer.Option(2.0, "--margin", help="GiB to keep free for runtime activations when sizing recommendations."),
-    request_tokens: int = typer.Option(8192, "--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates."),
-    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path (on the inspected host)."),
-    log: Optional[str] = typer.Option(None, "--log", help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found from the process)."),
-    startup: int = typer.Option(-1, "--startup", help="Which startup in the log: 1 = first, -1 = last."),
-    model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json or model directory (default: from --model-path)."),
-    save: Optional[str] = typer.Option(None, "--save", help="Also write everything collected to this JSON evidence bundle (one target)."),
-    from_file: Optional[str] = typer.Option(None, "--from", help="Analyse an evidence bundle written by --save instead of a host."),
-    http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics."),
-    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="OpenSSH client config to use (default ~/.ssh/config)."),
-    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown hosts' keys (like StrictHostKeyChecking accept-new); changed keys are always refused."),
-    parallel: int = typer.Option(16, "--parallel", help="Hosts inspected at once."),
-    db: Optional[str] = typer.Option(None, "--db", help="History from kvforensics record, read for this node's recommendations (default as for record)."),
-    engine: Optional[int] = typer.Option(None, "--engine", help="Port of the SGLang server to explain when a node runs several (default: the one holding most GPU memory)."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Deadline per host, in seconds (connect, authenticate, probe)."),
-    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off (default: on for a terminal)."),
+    targets: Annotated[Optional[List[str]], typer.Argument(help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this machine.", show_default=False)] = None,
+    hosts_file: Annotated[Optional[str], typer.Option("--hosts-file", help="Read targets from a file: one per line, '#' comments.")] = None,
+    as_json: ReportJson = False,
+    detail: Annotated[bool, typer.Option("--detail", help="With several hosts, print each host's full report after the summary.")] = False,
+    fail_on: FailOn = FAIL_ON,
+    margin: Margin = MARGIN_GIB,
+    request_tokens: RequestTokens = REQUEST_TOKENS,
+    nvml_lib: InspectNvmlLib = None,
+    log: InspectLog = None,
+    startup: InspectStartup = -1,
+    model_config: InspectModelConfig = None,
+    save: Annotated[Optional[str], typer.Option("--save", help="Also write everything collected to this JSON evidence bundle (one target).")] = None,
+    from_file: Annotated[Optional[str], typer.Option("--from", help="Analyse an evidence bundle written by --save instead of a host.")] = None,
+    http: Http = True,
+    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", help="OpenSSH client config to use (default ~/.ssh/config).")] = None,
+    accept_new_host_keys: Annotated[bool, typer.Option("--accept-new-host-keys", help="Record unknown hosts' keys (like StrictHostKeyChecking accept-new); changed keys are always refused.")] = False,
+    parallel: Annotated[int, typer.Option("--parallel", help="Hosts inspected at once.")] = 16,
+    db: InspectDb = None,
+    engine: InspectEngine = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Deadline per host, in seconds (connect, authenticate, probe).")] = 30.0,
+    color: Color = None,
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
     from agent import bundles

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -10,7 +11,7 @@ from agent.cli.options import UsageProblem
 
 
 def probe(
-    output: str = typer.Option(..., "--output", "-o", help="Where to write the probe script."),
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the probe script.")],
 ) -> None:
     """Write the probe script that `inspect HOST` sends on stdin to `python3 -I -`, for review or a manual run."""
     from agent import probe as probe_mod

@@ -3,28 +3,42 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from agent import exitcodes
-from agent.cli.options import UsageProblem, analysis_options, check_log_spec
+from agent.cli.options import (
+    MARGIN_GIB,
+    REQUEST_TOKENS,
+    Http,
+    Margin,
+    NvmlLib,
+    RecordDb,
+    RecordEngine,
+    RecordLog,
+    RecordModelConfig,
+    RecordRequestTokens,
+    UsageProblem,
+    analysis_options,
+    check_log_spec,
+)
 
 
 def record(
-    db: Optional[str] = typer.Option(None, "--db", help="History database (default $KVFORENSICS_DB, /var/lib/kvforensics/history.db as root, else ~/.local/state/kvforensics/history.db)."),
-    prom_file: Optional[str] = typer.Option(None, "--prom-file", help="Write a Prometheus textfile here (atomically), for node_exporter's textfile collector."),
-    samples: int = typer.Option(1, "--samples", help="Snapshots to take in this run."),
-    interval: float = typer.Option(10.0, "--interval", help="Seconds between snapshots."),
-    keep: Optional[str] = typer.Option("30d", "--keep", help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps all."),
-    margin: float = typer.Option(2.0, "--margin", help="GiB to keep free for runtime activations when sizing recommendations."),
-    request_tokens: int = typer.Option(8192, "--request-tokens", help="Tokens per request for concurrency estimates."),
-    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load libnvidia-ml.so.1 from this path."),
-    log: Optional[str] = typer.Option(None, "--log", help="The engine's log: PATH, journal:UNIT or docker:NAME."),
-    model_config: Optional[str] = typer.Option(None, "--model-config", help="config.json or model directory."),
-    http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics."),
-    engine: Optional[int] = typer.Option(None, "--engine", help="Port of the SGLang server to record when a node runs several."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (for cron)."),
+    db: RecordDb = None,
+    prom_file: Annotated[Optional[str], typer.Option("--prom-file", help="Write a Prometheus textfile here (atomically), for node_exporter's textfile collector.")] = None,
+    samples: Annotated[int, typer.Option("--samples", help="Snapshots to take in this run.")] = 1,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between snapshots.")] = 10.0,
+    keep: Annotated[Optional[str], typer.Option("--keep", help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps all.")] = "30d",
+    margin: Margin = MARGIN_GIB,
+    request_tokens: RecordRequestTokens = REQUEST_TOKENS,
+    nvml_lib: NvmlLib = None,
+    log: RecordLog = None,
+    model_config: RecordModelConfig = None,
+    http: Http = True,
+    engine: RecordEngine = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
     from agent import history

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Annotated
 
 import typer
 
-from agent.cli.options import UsageProblem, use_color
+from agent.cli.options import ColorShortHelp, NvmlLib, UsageProblem, WatchHttp, use_color
 
 
 def watch(
-    interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes."),
-    count: int = typer.Option(0, "--count", help="Stop after this many refreshes (0 = until Ctrl-C)."),
-    nvml_lib: Optional[str] = typer.Option(None, "--nvml-lib", help="Load libnvidia-ml.so.1 from this path."),
-    http: bool = typer.Option(True, "--http/--no-http", help="Ask the engine's loopback HTTP API for KV usage."),
-    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off."),
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
+    count: Annotated[int, typer.Option("--count", help="Stop after this many refreshes (0 = until Ctrl-C).")] = 0,
+    nvml_lib: NvmlLib = None,
+    http: WatchHttp = True,
+    color: ColorShortHelp = None,
 ) -> None:
     """Live view: free memory per GPU with a sparkline, and the engine's KV usage. Ctrl-C leaves."""
     from agent import watch as watch_mod
