@@ -1,9 +1,15 @@
-"""``kvforensics inspect [HOST...]``: inspect nodes live (here or over SSH), reconciled."""
+"""``kvforensics inspect [HOST...]``: inspect nodes live (here or over SSH), reconciled.
+
+The command runs in five steps, each its own function: validate (options to checked
+settings), collect (targets to snapshots or failures, in target order), analyse (snapshots to
+inspections), render (JSON, or the terminal's fleet table and reports), and the exit code.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated, List, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple, Union
 
 import typer
 
@@ -27,11 +33,26 @@ from agent.cli.options import (
     UsageProblem,
     analysis_options,
     check_log_spec,
-    exit_for_findings,
     fail_level,
+    findings_exit_code,
     terminal_width,
     use_color,
 )
+
+if TYPE_CHECKING:
+    from agent.fleet import HostResult
+    from agent.history import RunStats
+    from agent.reconcile import Inspection
+    from agent.records import Options
+
+LOCAL_NAMES = ("local", "localhost")
+
+# A target nothing was collected from, as the renderers take it: (target, status, code, message).
+Failure = Tuple[str, str, str, str]
+# One per target, in the order given: (target, snapshot, None) or (target, None, failure).
+Entry = Tuple[str, Optional[Dict[str, Any]], Optional[Failure]]
+# What each target ends as, in the order given.
+Result = Union["Inspection", Failure]
 
 
 def inspect(
@@ -58,10 +79,59 @@ def inspect(
     color: Color = None,
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
-    from agent import bundles
-    from agent.reconcile import inspect_snapshot
-    from reports import json_report
+    settings = _validate(
+        targets=targets, hosts_file=hosts_file, as_json=as_json, detail=detail, fail_on=fail_on, margin=margin,
+        request_tokens=request_tokens, nvml_lib=nvml_lib, log=log, startup=startup, model_config=model_config,
+        save=save, from_file=from_file, http=http, ssh_config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys, parallel=parallel, db=db, engine=engine, timeout=timeout,
+        color=color)
+    entries = _collect(settings)
+    results = _analyse(settings, entries)
+    _render(settings, results)
+    code = _exit_code(settings, results)
+    if code != exitcodes.EXIT_OK:
+        raise typer.Exit(code)
 
+
+@dataclass(frozen=True)
+class InspectSettings:
+    """inspect's options, checked: what to inspect, how to collect it, how to report it."""
+
+    names: Tuple[str, ...]  # hosts in the order given (arguments, then --hosts-file); none = this machine
+    from_file: Optional[str]  # --from: a saved bundle instead of any host
+    save: Optional[str]
+    # What the probe collects, here or on each host.
+    nvml_lib: Optional[str]
+    log: Optional[str]
+    startup: int
+    model_config: Optional[str]
+    http: bool
+    engine: Optional[int]
+    # How remote hosts are reached.
+    ssh_config: Optional[str]
+    accept_new_host_keys: bool
+    parallel: int
+    timeout: float
+    # How snapshots are analysed and reported.
+    db: Optional[str]
+    opts: Options
+    level: Optional[int]
+    as_json: bool
+    detail: bool
+    color: Optional[bool]
+
+    def probe_options(self) -> Dict[str, Any]:
+        """The probe's keyword arguments: snapshot.collect's here, shipped as JSON to remote hosts."""
+        return {"nvml_lib": self.nvml_lib, "log": self.log, "startup": self.startup,
+                "model_config_path": self.model_config, "http": self.http, "engine": self.engine}
+
+
+def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], as_json: bool, detail: bool, fail_on: str,
+              margin: float, request_tokens: int, nvml_lib: Optional[str], log: Optional[str], startup: int,
+              model_config: Optional[str], save: Optional[str], from_file: Optional[str], http: bool,
+              ssh_config: Optional[str], accept_new_host_keys: bool, parallel: int, db: Optional[str],
+              engine: Optional[int], timeout: float, color: Optional[bool]) -> InspectSettings:
+    """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)
     opts = analysis_options(margin, request_tokens)
     if parallel < 1 or timeout <= 0:
@@ -69,6 +139,20 @@ def inspect(
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
     check_log_spec(log)
+    names = _target_names(targets, hosts_file)
+    if from_file is not None and names:
+        raise UsageProblem("--from reads a bundle; do not also name hosts")
+    if save is not None and len(names) > 1:
+        raise UsageProblem("--save writes one bundle: name one target")
+    return InspectSettings(
+        names=tuple(names), from_file=from_file, save=save, nvml_lib=nvml_lib, log=log, startup=startup,
+        model_config=model_config, http=http, engine=engine, ssh_config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, db=db, opts=opts,
+        level=level, as_json=as_json, detail=detail, color=color)
+
+
+def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
+    """The hosts named as arguments, then those in --hosts-file."""
     names = list(targets or [])
     if hosts_file:
         from agent.fleet import read_hosts_file
@@ -77,88 +161,141 @@ def inspect(
             names += read_hosts_file(hosts_file)
         except OSError as exc:
             raise UsageProblem("--hosts-file {}: {}".format(hosts_file, exc.strerror or exc)) from None
-    if from_file is not None and names:
-        raise UsageProblem("--from reads a bundle; do not also name hosts")
-    if save is not None and len(names) > 1:
-        raise UsageProblem("--save writes one bundle: name one target")
-    probe_options = {"nvml_lib": nvml_lib, "log": log, "startup": startup, "model_config_path": model_config,
-                     "http": http, "engine": engine}
-    # One entry per target, in the order given: (target, snapshot) or (target, failure)
-    entries: List[tuple] = []
-    if from_file is not None:
-        try:
-            entries.append(("bundle:{}".format(from_file), bundles.load(from_file), None))
-        except bundles.BundleError as exc:
-            raise UsageProblem(str(exc)) from None
+    return names
+
+
+def _collect(settings: InspectSettings) -> List[Entry]:
+    """One entry per target, in the order given: the --from bundle, or each host (none: this machine)."""
+    if settings.from_file is not None:
+        entries = [_load_bundle(settings.from_file)]
     else:
-        entries = _collect_targets(names or ["local"], probe_options, ssh_config, accept_new_host_keys, parallel, timeout)
-    snaps = [(t, snap) for t, snap, _ in entries if snap is not None]
-    if save is not None and snaps:
+        entries = _collect_targets(list(settings.names) or ["local"], settings)
+    if settings.save is not None:
+        _save_bundle(settings.save, entries)
+    return entries
+
+
+def _load_bundle(path: str) -> Entry:
+    from agent import bundles
+
+    try:
+        return ("bundle:{}".format(path), bundles.load(path), None)
+    except bundles.BundleError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def _save_bundle(path: str, entries: List[Entry]) -> None:
+    """--save: the first snapshot collected (validation allows one target), if any was."""
+    from agent import bundles
+
+    snaps = [snap for _, snap, _ in entries if snap is not None]
+    if snaps:
         try:
-            bundles.save(snaps[0][1], save)
+            bundles.save(snaps[0], path)
         except OSError as exc:
-            raise UsageProblem("--save {}: {}".format(save, exc)) from None
-    results = []  # Inspection or (target, status, code, message), in target order
+            raise UsageProblem("--save {}: {}".format(path, exc)) from None
+
+
+def _collect_targets(names: List[str], settings: InspectSettings) -> List[Entry]:
+    """Remote hosts first, all at once over SSH; then this machine where it is named; entries in the order named."""
+    from collectors import snapshot
+
+    remote = [t for t in names if t not in LOCAL_NAMES]
+    by_name = _collect_remote(remote, settings) if remote else {}
+    entries = []
+    for name in names:
+        if name in LOCAL_NAMES:
+            snap = snapshot.collect(**settings.probe_options())
+            entries.append(("local:{}".format(snap.get("hostname")), snap, None))
+        else:
+            entries.append(by_name[name].pop(0))  # a host named twice was inspected twice: take them in turn
+    return entries
+
+
+def _collect_remote(remote: List[str], settings: InspectSettings) -> Dict[str, List[Entry]]:
+    """Each remote host's entries (one per time it is named), with a progress bar on a terminal."""
+    from agent import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
+
+    fleet_options = fleet.FleetOptions(settings.probe_options(), settings.ssh_config, settings.accept_new_host_keys,
+                                       settings.parallel, settings.timeout)
+    done, stop = fleet.progress_printer(len(remote))
+    try:
+        results = fleet.run(remote, fleet_options, done)
+    finally:
+        stop()
+    by_name: Dict[str, List[Entry]] = {}
+    for r in results:
+        by_name.setdefault(r.target, []).append(_remote_entry(r))
+    return by_name
+
+
+def _remote_entry(r: HostResult) -> Entry:
+    """A host's result as an entry; its notes, and why nothing came back, go to stderr."""
+    for note in r.notes:
+        sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
+    target = "ssh:" + r.target
+    if r.snapshot is None:
+        code, message = r.problem or ("ssh.error", "failed")
+        sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
+        return (target, None, (target, r.status, code, message))
+    return (target, r.snapshot, None)
+
+
+def _analyse(settings: InspectSettings, entries: List[Entry]) -> List[Result]:
+    """Each snapshot reconciled into an Inspection; failures pass through; target order kept."""
+    from agent.reconcile import inspect_snapshot
+
+    results: List[Result] = []
     for target, snap, failure in entries:
         if snap is None:
             results.append(failure)
-            continue
-        recorded = None
-        if target.startswith("local:"):
-            from agent import history as history_mod
-            from agent.record import current_stats
+        else:
+            results.append(inspect_snapshot(snap, target, settings.opts, history=_recorded(settings, target, snap)))
+    return results
 
-            recorded = current_stats(db or history_mod.default_path(), snap)
-        results.append(inspect_snapshot(snap, target, opts, history=recorded))
-    inspections = [r for r in results if not isinstance(r, tuple)]
-    failures = [r for r in results if isinstance(r, tuple)]
-    if as_json:
+
+def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Optional[RunStats]:
+    """This machine's history from `kvforensics record`, if any; it only describes the machine it ran on."""
+    if not target.startswith("local:"):
+        return None
+    from agent import history as history_mod
+    from agent.record import current_stats
+
+    return current_stats(settings.db or history_mod.default_path(), snap)
+
+
+def _render(settings: InspectSettings, results: List[Result]) -> None:
+    """JSON, or the fleet table (several targets) and full reports (one target, or --detail); then, on
+    stderr, the targets that gave nothing."""
+    inspections = _inspections(results)
+    if settings.as_json:
+        from reports import json_report
+
         sys.stdout.write(json_report.render_results(results))
     else:
         from reports import terminal
 
         width = terminal_width()
         if len(results) > 1:
-            sys.stdout.write(terminal.render_fleet(results, color=use_color(color), width=width))
-        if inspections and (detail or len(results) == 1):
-            sys.stdout.write(terminal.render_inspections(inspections, color=use_color(color), width=width))
-    empty = [i.target for i in inspections if i.collected_nothing]
+            sys.stdout.write(terminal.render_fleet(results, color=use_color(settings.color), width=width))
+        if inspections and (settings.detail or len(results) == 1):
+            sys.stdout.write(terminal.render_inspections(inspections, color=use_color(settings.color), width=width))
+    empty = _collected_nothing(inspections)
     if empty:
         sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(", ".join(empty)))
-    if failures or empty:
-        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
-    exit_for_findings(level, [f for i in inspections for f in i.findings])
 
 
-def _collect_targets(names: List[str], probe_options: dict, ssh_config: Optional[str], accept_new: bool,
-                     parallel: int, timeout: float) -> List[tuple]:
-    """(target, snapshot, None) or (target, None, (target, status, code, message)) per name, in order."""
-    from collectors import snapshot
+def _exit_code(settings: InspectSettings, results: List[Result]) -> int:
+    """3 when a target failed or gave nothing; else 1 for findings at --fail-on or above; else 0."""
+    inspections = _inspections(results)
+    if len(inspections) < len(results) or _collected_nothing(inspections):  # fewer: some target failed
+        return exitcodes.EXIT_COLLECTION_FAILED
+    return findings_exit_code(settings.level, [f for i in inspections for f in i.findings])
 
-    remote = [t for t in names if t not in ("local", "localhost")]
-    by_name = {}
-    if remote:
-        from agent import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
 
-        done, stop = fleet.progress_printer(len(remote))
-        try:
-            results = fleet.run(remote, fleet.FleetOptions(probe_options, ssh_config, accept_new, parallel, timeout), done)
-        finally:
-            stop()
-        for r in results:
-            for note in r.notes:
-                sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
-            if r.snapshot is None:
-                code, message = r.problem or ("ssh.error", "failed")
-                sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
-                by_name.setdefault(r.target, []).append(("ssh:" + r.target, None, ("ssh:" + r.target, r.status, code, message)))
-            else:
-                by_name.setdefault(r.target, []).append(("ssh:" + r.target, r.snapshot, None))
-    entries = []
-    for name in names:
-        if name in ("local", "localhost"):
-            snap = snapshot.collect(**probe_options)
-            entries.append(("local:{}".format(snap.get("hostname")), snap, None))
-        else:
-            entries.append(by_name[name].pop(0))
-    return entries
+def _inspections(results: List[Result]) -> List[Inspection]:
+    return [r for r in results if not isinstance(r, tuple)]
+
+
+def _collected_nothing(inspections: List[Inspection]) -> List[str]:
+    return [i.target for i in inspections if i.collected_nothing]

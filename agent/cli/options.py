@@ -98,12 +98,20 @@ def check_log_spec(log: Optional[str]) -> None:
             raise UsageProblem(str(exc)) from None
 
 
-def exit_for_findings(level: Optional[int], findings: "List[object]") -> None:
-    """Exit 1 when a finding is at least as severe as --fail-on."""
+def findings_exit_code(level: Optional[int], findings: "List[object]") -> int:
+    """1 when a finding is at least as severe as --fail-on, else 0."""
     from agent.records import severity_rank
 
     if level is not None and any(severity_rank(f.severity) >= level for f in findings):  # type: ignore[attr-defined]
-        raise typer.Exit(exitcodes.EXIT_FINDINGS)
+        return exitcodes.EXIT_FINDINGS
+    return exitcodes.EXIT_OK
+
+
+def exit_for_findings(level: Optional[int], findings: "List[object]") -> None:
+    """Exit 1 when a finding is at least as severe as --fail-on."""
+    code = findings_exit_code(level, findings)
+    if code != exitcodes.EXIT_OK:
+        raise typer.Exit(code)
 
 
 def use_color(color: Optional[bool]) -> bool:
