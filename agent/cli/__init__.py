@@ -1,0 +1,72 @@
+"""Command line: ``kvforensics COMMAND``. Thin Typer commands over plain functions, one module each.
+
+``main()`` is the only place that turns outcomes into exit codes (agent/exitcodes.py).
+Heavy modules (rich, the model, paramiko) are imported inside commands so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+
+from agent import exitcodes
+from agent.cli import analyze, history, inspect, probe, record, watch
+from agent.cli.options import UsageProblem
+
+__all__ = ["app", "entry", "main", "UsageProblem"]
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Explain where an LLM inference server's GPU memory went, and what to change to turn "
+    "free memory into KV tokens and concurrent requests. Sizes are GiB on screen, bytes in JSON. "
+    "Environment: NO_COLOR disables colour; KVFORENSICS_DEBUG=1 shows tracebacks of internal errors.",
+)
+
+
+@app.callback()
+def _group() -> None:
+    """Keep subcommands even while there is only one (typer collapses single-command apps)."""
+
+
+# Registered here, in the order `kvforensics --help` lists them.
+app.command("analyze", short_help="Explain GPU memory from an SGLang startup log, offline.")(analyze.analyze)
+app.command("inspect", short_help="Inspect nodes live (here or over SSH), reconciled.")(inspect.inspect)
+app.command("record", short_help="Sample into history; export Prometheus metrics (cron).")(record.record)
+app.command("history", short_help="Low-water free memory and peak KV use over time.")(history.history_cmd)
+app.command("watch", short_help="Live view of free GPU memory and KV usage.")(watch.watch)
+app.command("probe", short_help="Write the exact probe shipped to inspected hosts.")(probe.probe)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point: run the app, map every outcome to a documented exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        result = app(args=args, prog_name="kvforensics", standalone_mode=False)
+        return int(result) if isinstance(result, int) else exitcodes.EXIT_OK
+    except UsageProblem as exc:
+        sys.stderr.write("kvforensics: error: {}\n".format(exc))
+        return exitcodes.EXIT_USAGE
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        return exitcodes.EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return exitcodes.EXIT_OK
+    except Exception as exc:  # noqa: BLE001 — the one place that turns bugs into exit 4
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's UsageError family
+            sys.stderr.write("kvforensics: error: {}\n".format(exc.format_message()))
+            return exitcodes.EXIT_USAGE
+        if os.environ.get("KVFORENSICS_DEBUG"):
+            raise
+        sys.stderr.write("kvforensics: internal error: {}: {} (rerun with KVFORENSICS_DEBUG=1 for a "
+                         "traceback, and please report it)\n".format(type(exc).__name__, exc))
+        return exitcodes.EXIT_INTERNAL
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""``kvforensics analyze LOG``: explain GPU memory from an SGLang startup log, offline."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.cli.options import (
+    FAIL_ON,
+    MARGIN_GIB,
+    REQUEST_TOKENS,
+    AnalyzeModelConfig,
+    AnalyzeStartup,
+    Color,
+    FailOn,
+    Margin,
+    ReportJson,
+    RequestTokens,
+    UsageProblem,
+    analysis_options,
+    exit_for_findings,
+    fail_level,
+    terminal_width,
+    use_color,
+)
+
+
+def analyze(
+    log: Annotated[str, typer.Argument(help="SGLang log: a file, a .gz file, or - for stdin.", show_default=False)],
+    startup: AnalyzeStartup = -1,
+    model_config: AnalyzeModelConfig = None,
+    as_json: ReportJson = False,
+    fail_on: FailOn = FAIL_ON,
+    margin: Margin = MARGIN_GIB,
+    request_tokens: RequestTokens = REQUEST_TOKENS,
+    exact_lines: Annotated[bool, typer.Option("--exact-lines", help="Count line numbers even in huge logs (reads the whole file).")] = False,
+    color: Color = None,
+) -> None:
+    """Explain an SGLang server's GPU memory from its startup log, offline."""
+    from dataclasses import replace
+
+    from agent.analyze import analyze_startup
+    from collectors.logfile import LogReadError, read_log
+    from collectors.model_config import ModelConfigError, load_model_config
+    from reports import json_report
+
+    level = fail_level(fail_on)
+    opts = analysis_options(margin, request_tokens)
+    target = "file:" + log
+    try:
+        cfg = load_model_config(model_config) if model_config else None
+        excerpt = read_log(log, startup, count_lines=exact_lines)
+    except (LogReadError, ModelConfigError) as exc:
+        message = getattr(exc, "message", str(exc))
+        if as_json:
+            code = "log." + getattr(exc, "code", "model_config")
+            sys.stdout.write(json_report.render([], [json_report.error_target(target, "error", code, message)]))
+        raise UsageProblem(message) from None
+    opts = replace(opts, model_config=cfg, model_config_path=model_config)
+    analysis = analyze_startup(excerpt.startup, target, opts, excerpt.index, excerpt.count, excerpt.notes)
+    if as_json:
+        sys.stdout.write(json_report.render([analysis]))
+    else:
+        from reports import terminal
+
+        sys.stdout.write(terminal.render([analysis], color=use_color(color), width=terminal_width()))
+    exit_for_findings(level, list(analysis.findings))

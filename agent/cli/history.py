@@ -1,0 +1,47 @@
+"""``kvforensics history``: low-water free memory and peak KV use over time, from ``record``'s samples."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.cli.options import ColorShortHelp, HistoryDb, UsageProblem, terminal_width, use_color
+
+
+def history_cmd(
+    db: HistoryDb = None,
+    since: Annotated[str, typer.Option("--since", help="Window: 7d, 12h, 90m, 2w.")] = "7d",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema kvforensics.history/1).")] = False,
+    color: ColorShortHelp = None,
+) -> None:
+    """Show recorded history: per GPU and rank the low-water free memory, peak KV usage, a plot."""
+    import json
+    import time
+
+    from agent import history
+    from reports import history_report
+
+    try:
+        window = history.parse_duration(since)
+    except ValueError as exc:
+        raise UsageProblem("--since: {}".format(exc)) from None
+    path = db or history.default_path()
+    try:
+        opened = history.open_db(path, create=False)
+    except history.HistoryError as exc:
+        raise UsageProblem(str(exc)) from None
+    try:
+        start = time.time() - window
+        runs = [history.run_stats(opened.conn, rid, since=start) for rid in history.runs(opened.conn, since=start)]
+        plots = {}
+        for r in runs:
+            for lw in r.gpus:
+                plots.setdefault(lw.gpu, [v for _, v in history.series(opened.conn, lw.gpu, since=start)])
+    finally:
+        opened.conn.close()
+    if as_json:
+        sys.stdout.write(json.dumps(history_report.to_json(path, since, runs), indent=2) + "\n")
+    else:
+        sys.stdout.write(history_report.render(path, since, runs, plots, color=use_color(color), width=terminal_width()))

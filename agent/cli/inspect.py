@@ -1,0 +1,314 @@
+"""``kvforensics inspect [HOST...]``: inspect nodes live (here or over SSH), reconciled.
+
+The command runs in five steps, each its own function: validate (options to checked
+settings), collect (targets to snapshots or failures, in target order), analyse (snapshots to
+inspections), render (JSON, or the terminal's fleet table and reports), and the exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple, Union
+
+import typer
+
+from agent import exitcodes
+from agent.live import Inspection, TargetFailure, TargetResult
+from agent.cli.options import (
+    FAIL_ON,
+    MARGIN_GIB,
+    REQUEST_TOKENS,
+    Color,
+    FailOn,
+    Http,
+    InspectDb,
+    InspectEngine,
+    InspectLog,
+    InspectModelConfig,
+    InspectNvmlLib,
+    InspectStartup,
+    Margin,
+    ReportJson,
+    RequestTokens,
+    UsageProblem,
+    analysis_options,
+    check_log_spec,
+    fail_level,
+    findings_exit_code,
+    terminal_width,
+    use_color,
+)
+
+if TYPE_CHECKING:
+    from agent.fleet import HostResult
+    from agent.history import RunStats
+    from agent.records import Options
+
+LOCAL_NAMES = ("local", "localhost")
+
+# One per target, in the order given: (target, snapshot, None) or (target, None, failure).
+Entry = Tuple[str, Optional[Dict[str, Any]], Optional[TargetFailure]]
+# What each target ends as, in the order given.
+Result = TargetResult
+
+
+def inspect(
+    targets: Annotated[Optional[List[str]], typer.Argument(help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this machine.", show_default=False)] = None,
+    hosts_file: Annotated[Optional[str], typer.Option("--hosts-file", help="Read targets from a file: one per line, '#' comments.")] = None,
+    as_json: ReportJson = False,
+    detail: Annotated[bool, typer.Option("--detail", help="With several hosts, print each host's full report after the summary.")] = False,
+    fail_on: FailOn = FAIL_ON,
+    margin: Margin = MARGIN_GIB,
+    request_tokens: RequestTokens = REQUEST_TOKENS,
+    nvml_lib: InspectNvmlLib = None,
+    log: InspectLog = None,
+    startup: InspectStartup = -1,
+    model_config: InspectModelConfig = None,
+    save: Annotated[Optional[str], typer.Option("--save", help="Also write everything collected to this JSON evidence bundle (one target).")] = None,
+    from_file: Annotated[Optional[str], typer.Option("--from", help="Analyse an evidence bundle written by --save instead of a host.")] = None,
+    http: Http = True,
+    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", help="OpenSSH client config to use (default ~/.ssh/config).")] = None,
+    accept_new_host_keys: Annotated[bool, typer.Option("--accept-new-host-keys", help="Record unknown hosts' keys (like StrictHostKeyChecking accept-new); changed keys are always refused.")] = False,
+    parallel: Annotated[int, typer.Option("--parallel", help="Hosts inspected at once.")] = 16,
+    db: InspectDb = None,
+    engine: InspectEngine = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Deadline per host, in seconds (connect, authenticate, probe).")] = 30.0,
+    color: Color = None,
+) -> None:
+    """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
+    settings = _validate(
+        targets=targets, hosts_file=hosts_file, as_json=as_json, detail=detail, fail_on=fail_on, margin=margin,
+        request_tokens=request_tokens, nvml_lib=nvml_lib, log=log, startup=startup, model_config=model_config,
+        save=save, from_file=from_file, http=http, ssh_config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys, parallel=parallel, db=db, engine=engine, timeout=timeout,
+        color=color)
+    entries = _collect(settings)
+    results = _analyse(settings, entries)
+    _render(settings, results)
+    code = _exit_code(settings, results)
+    if code != exitcodes.EXIT_OK:
+        raise typer.Exit(code)
+
+
+@dataclass(frozen=True)
+class InspectSettings:
+    """inspect's options, checked: what to inspect, how to collect it, how to report it."""
+
+    names: Tuple[str, ...]  # hosts in the order given (arguments, then --hosts-file); none = this machine
+    from_file: Optional[str]  # --from: a saved bundle instead of any host
+    save: Optional[str]
+    # What the probe collects, here or on each host.
+    nvml_lib: Optional[str]
+    log: Optional[str]
+    startup: int
+    model_config: Optional[str]
+    http: bool
+    engine: Optional[int]
+    # How remote hosts are reached.
+    ssh_config: Optional[str]
+    accept_new_host_keys: bool
+    parallel: int
+    timeout: float
+    # How snapshots are analysed and reported.
+    db: Optional[str]
+    opts: Options
+    level: Optional[int]
+    as_json: bool
+    detail: bool
+    color: Optional[bool]
+
+    def probe_options(self) -> Dict[str, Any]:
+        """The probe's keyword arguments: snapshot.collect's here, shipped as JSON to remote hosts."""
+        return {"nvml_lib": self.nvml_lib, "log": self.log, "startup": self.startup,
+                "model_config_path": self.model_config, "http": self.http, "engine": self.engine}
+
+
+def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], as_json: bool, detail: bool, fail_on: str,
+              margin: float, request_tokens: int, nvml_lib: Optional[str], log: Optional[str], startup: int,
+              model_config: Optional[str], save: Optional[str], from_file: Optional[str], http: bool,
+              ssh_config: Optional[str], accept_new_host_keys: bool, parallel: int, db: Optional[str],
+              engine: Optional[int], timeout: float, color: Optional[bool]) -> InspectSettings:
+    """The options, checked (the first problem found is the one reported, so the order is kept)."""
+    level = fail_level(fail_on)
+    opts = analysis_options(margin, request_tokens)
+    if parallel < 1 or timeout <= 0:
+        raise UsageProblem("--parallel must be >= 1 and --timeout > 0")
+    if startup == 0:
+        raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
+    check_log_spec(log)
+    names = _target_names(targets, hosts_file)
+    if from_file is not None and names:
+        raise UsageProblem("--from reads a bundle; do not also name hosts")
+    if save is not None and len(names) > 1:
+        raise UsageProblem("--save writes one bundle: name one target")
+    return InspectSettings(
+        names=tuple(names), from_file=from_file, save=save, nvml_lib=nvml_lib, log=log, startup=startup,
+        model_config=model_config, http=http, engine=engine, ssh_config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, db=db, opts=opts,
+        level=level, as_json=as_json, detail=detail, color=color)
+
+
+def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
+    """The hosts named as arguments, then those in --hosts-file."""
+    names = list(targets or [])
+    if hosts_file:
+        from agent.fleet import read_hosts_file
+
+        try:
+            names += read_hosts_file(hosts_file)
+        except OSError as exc:
+            raise UsageProblem("--hosts-file {}: {}".format(hosts_file, exc.strerror or exc)) from None
+    return names
+
+
+def _collect(settings: InspectSettings) -> List[Entry]:
+    """One entry per target, in the order given: the --from bundle, or each host (none: this machine)."""
+    if settings.from_file is not None:
+        entries = [_load_bundle(settings.from_file)]
+    else:
+        entries = _collect_targets(list(settings.names) or ["local"], settings)
+    if settings.save is not None:
+        _save_bundle(settings.save, entries)
+    return entries
+
+
+def _load_bundle(path: str) -> Entry:
+    from agent import bundles
+
+    try:
+        return ("bundle:{}".format(path), bundles.load(path), None)
+    except bundles.BundleError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def _save_bundle(path: str, entries: List[Entry]) -> None:
+    """--save: the first snapshot collected (validation allows one target), if any was."""
+    from agent import bundles
+
+    snaps = [snap for _, snap, _ in entries if snap is not None]
+    if snaps:
+        try:
+            bundles.save(snaps[0], path)
+        except OSError as exc:
+            raise UsageProblem("--save {}: {}".format(path, exc)) from None
+
+
+def _collect_targets(names: List[str], settings: InspectSettings) -> List[Entry]:
+    """Remote hosts first, all at once over SSH; then this machine where it is named; entries in the order named."""
+    from collectors import snapshot
+
+    remote = [t for t in names if t not in LOCAL_NAMES]
+    by_name = _collect_remote(remote, settings) if remote else {}
+    entries = []
+    for name in names:
+        if name in LOCAL_NAMES:
+            snap = snapshot.collect(**settings.probe_options())
+            entries.append(("local:{}".format(snap.get("hostname")), snap, None))
+        else:
+            entries.append(by_name[name].pop(0))  # a host named twice was inspected twice: take them in turn
+    return entries
+
+
+def _collect_remote(remote: List[str], settings: InspectSettings) -> Dict[str, List[Entry]]:
+    """Each remote host's entries (one per time it is named), with a progress bar on a terminal."""
+    from agent import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
+
+    fleet_options = fleet.FleetOptions(settings.probe_options(), settings.ssh_config, settings.accept_new_host_keys,
+                                       settings.parallel, settings.timeout)
+    done, stop = fleet.progress_printer(len(remote))
+    try:
+        results = fleet.run(remote, fleet_options, done)
+    finally:
+        stop()
+    by_name: Dict[str, List[Entry]] = {}
+    for r in results:
+        by_name.setdefault(r.target, []).append(_remote_entry(r))
+    return by_name
+
+
+def _remote_entry(r: HostResult) -> Entry:
+    """A host's result as an entry; its notes, and why nothing came back, go to stderr."""
+    for note in r.notes:
+        sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
+    target = "ssh:" + r.target
+    if r.snapshot is None:
+        code, message = r.problem or ("ssh.error", "failed")
+        sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
+        return (target, None, TargetFailure(target, r.status, code, message))
+    return (target, r.snapshot, None)
+
+
+def _analyse(settings: InspectSettings, entries: List[Entry]) -> List[Result]:
+    """Each snapshot reconciled into an Inspection; failures pass through; target order kept."""
+    results: List[Result] = []
+    for target, snap, failure in entries:
+        if snap is None:
+            results.append(failure)  # type: ignore[arg-type]
+        else:
+            results.append(_analyse_one(settings, target, snap))
+    return results
+
+
+def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Result:
+    """One target's inspection. A remote host's snapshot that breaks the schema, or breaks the
+    analysis, costs that host alone: it becomes an ``error`` target and the others stand."""
+    from agent.evidence import EvidenceError
+    from agent.reconcile import inspect_snapshot
+
+    try:
+        return inspect_snapshot(snap, target, settings.opts, history=_recorded(settings, target, snap))
+    except EvidenceError as exc:
+        return TargetFailure(target, "error", "snapshot.invalid", "the snapshot is not valid: {}".format(exc))
+    except Exception as exc:  # noqa: BLE001 — a lying host must not take the fleet run down
+        if not target.startswith("ssh:"):
+            raise
+        return TargetFailure(target, "error", "internal.analysis",
+                             "analysing this host's snapshot failed: {}: {}".format(type(exc).__name__, exc))
+
+
+def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Optional[RunStats]:
+    """This machine's history from `kvforensics record`, if any; it only describes the machine it ran on."""
+    if not target.startswith("local:"):
+        return None
+    from agent import history as history_mod
+    from agent.record import current_stats
+
+    return current_stats(settings.db or history_mod.default_path(), snap)
+
+
+def _render(settings: InspectSettings, results: List[Result]) -> None:
+    """JSON, or the fleet table (several targets) and full reports (one target, or --detail); then, on
+    stderr, the targets that gave nothing."""
+    inspections = _inspections(results)
+    if settings.as_json:
+        from reports import json_report
+
+        sys.stdout.write(json_report.render_results(results))
+    else:
+        from reports import terminal
+
+        width = terminal_width()
+        if len(results) > 1:
+            sys.stdout.write(terminal.render_fleet(results, color=use_color(settings.color), width=width))
+        if inspections and (settings.detail or len(results) == 1):
+            sys.stdout.write(terminal.render_inspections(inspections, color=use_color(settings.color), width=width))
+    empty = _collected_nothing(inspections)
+    if empty:
+        sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(", ".join(empty)))
+
+
+def _exit_code(settings: InspectSettings, results: List[Result]) -> int:
+    """3 when a target failed or gave nothing; else 1 for findings at --fail-on or above; else 0."""
+    inspections = _inspections(results)
+    if len(inspections) < len(results) or _collected_nothing(inspections):  # fewer: some target failed
+        return exitcodes.EXIT_COLLECTION_FAILED
+    return findings_exit_code(settings.level, [f for i in inspections for f in i.findings])
+
+
+def _inspections(results: List[Result]) -> List[Inspection]:
+    return [r for r in results if not isinstance(r, TargetFailure)]
+
+
+def _collected_nothing(inspections: List[Inspection]) -> List[str]:
+    return [i.target for i in inspections if i.collected_nothing]

@@ -1,0 +1,126 @@
+"""What the commands share: the options several of them take, those options' checks, and how a
+bad value is reported.
+
+Each shared option is declared once here as an ``Annotated`` alias (name, type and help) and a
+command takes it as ``margin: Margin = MARGIN_GIB``. Where today's commands word an option's
+help differently, the variants sit side by side (named after the command that words it its own
+way) so that agreeing on one wording is a one-line change; until then ``--help`` stays as it was.
+
+Checks raise ``UsageProblem`` (exit 2 with one line, in ``main()``). Heavy modules are imported
+inside the checks so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING, Annotated, List, Optional
+
+import typer
+
+from agent import exitcodes
+
+if TYPE_CHECKING:
+    from agent.records import Options
+
+SEVERITY_CHOICES = ("info", "warning", "error", "critical", "never")
+
+# Defaults that must agree wherever the option is taken.
+MARGIN_GIB = 2.0
+REQUEST_TOKENS = 8192
+FAIL_ON = "warning"
+
+# The analysis: analyze, inspect and record.
+Margin = Annotated[float, typer.Option("--margin", help="GiB to keep free for runtime activations when sizing recommendations.")]
+RequestTokens = Annotated[int, typer.Option("--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates.")]
+RecordRequestTokens = Annotated[int, typer.Option("--request-tokens", help="Tokens per request for concurrency estimates.")]
+AnalyzeModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json (or the model directory) to compute bytes per token from the architecture.")]
+InspectModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json or model directory (default: from --model-path).")]
+RecordModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json or model directory.")]
+AnalyzeStartup = Annotated[int, typer.Option("--startup", help="Which startup: 1 = first in the file, -1 = last, -2 = the one before.")]
+InspectStartup = Annotated[int, typer.Option("--startup", help="Which startup in the log: 1 = first, -1 = last.")]
+
+# The report: analyze and inspect.
+ReportJson = Annotated[bool, typer.Option("--json", help="Print the JSON report (schema kvforensics.report/1).")]
+FailOn = Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never.")]
+Color = Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force colour on or off (default: on for a terminal).")]
+ColorShortHelp = Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force colour on or off.")]  # history, watch
+
+# Collecting from a node: inspect, record and watch.
+NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib", help="Load libnvidia-ml.so.1 from this path.")]  # record, watch
+InspectNvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path (on the inspected host).")]
+Http = Annotated[bool, typer.Option("--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics.")]  # inspect, record
+WatchHttp = Annotated[bool, typer.Option("--http/--no-http", help="Ask the engine's loopback HTTP API for KV usage.")]
+InspectLog = Annotated[Optional[str], typer.Option("--log", help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found from the process).")]
+RecordLog = Annotated[Optional[str], typer.Option("--log", help="The engine's log: PATH, journal:UNIT or docker:NAME.")]
+InspectEngine = Annotated[Optional[int], typer.Option("--engine", help="Port of the SGLang server to explain when a node runs several (default: the one holding most GPU memory).")]
+RecordEngine = Annotated[Optional[int], typer.Option("--engine", help="Port of the SGLang server to record when a node runs several.")]
+
+# The history database: record writes it, inspect and history read it.
+RecordDb = Annotated[Optional[str], typer.Option("--db", help="History database (default $KVFORENSICS_DB, /var/lib/kvforensics/history.db as root, else ~/.local/state/kvforensics/history.db).")]
+InspectDb = Annotated[Optional[str], typer.Option("--db", help="History from kvforensics record, read for this node's recommendations (default as for record).")]
+HistoryDb = Annotated[Optional[str], typer.Option("--db", help="History database (default as for record).")]
+
+
+class UsageProblem(Exception):
+    """Bad input the user can fix; exit 2 with one line."""
+
+
+def fail_level(fail_on: str) -> Optional[int]:
+    """--fail-on, checked, as a severity rank (None: never fail on findings)."""
+    from agent.records import severity_rank
+
+    if fail_on not in SEVERITY_CHOICES:
+        raise UsageProblem("--fail-on must be one of {}".format(", ".join(SEVERITY_CHOICES)))
+    return None if fail_on == "never" else severity_rank(fail_on)
+
+
+def analysis_options(margin: float, request_tokens: int) -> "Options":
+    """--margin and --request-tokens, checked, as analysis Options."""
+    from agent.records import Options
+
+    if margin < 0 or margin != margin:  # margin != margin: NaN passes every comparison
+        raise UsageProblem("--margin must be a number of GiB >= 0")
+    if request_tokens <= 0:
+        raise UsageProblem("--request-tokens must be a positive number of tokens")
+    return Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
+
+
+def check_log_spec(log: Optional[str]) -> None:
+    """--log: PATH, journal:UNIT or docker:NAME, checked here before anything is collected."""
+    from collectors.engine_logs import LogSpecError, parse_spec
+
+    if log is not None:
+        try:
+            parse_spec(log)
+        except LogSpecError as exc:
+            raise UsageProblem(str(exc)) from None
+
+
+def findings_exit_code(level: Optional[int], findings: "List[object]") -> int:
+    """1 when a finding is at least as severe as --fail-on, else 0."""
+    from agent.records import severity_rank
+
+    if level is not None and any(severity_rank(f.severity) >= level for f in findings):  # type: ignore[attr-defined]
+        return exitcodes.EXIT_FINDINGS
+    return exitcodes.EXIT_OK
+
+
+def exit_for_findings(level: Optional[int], findings: "List[object]") -> None:
+    """Exit 1 when a finding is at least as severe as --fail-on."""
+    code = findings_exit_code(level, findings)
+    if code != exitcodes.EXIT_OK:
+        raise typer.Exit(code)
+
+
+def use_color(color: Optional[bool]) -> bool:
+    """--color/--no-color, else colour only on a terminal and without NO_COLOR."""
+    if color is not None:
+        return color
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
+def terminal_width() -> int:
+    """Columns to render for: the terminal's, 120 when piped, never under 80."""
+    return max(80, shutil.get_terminal_size((120, 24)).columns)

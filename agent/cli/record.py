@@ -1,0 +1,91 @@
+"""``kvforensics record``: sample this node into the history and export Prometheus metrics (cron)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from agent import exitcodes
+from agent.cli.options import (
+    MARGIN_GIB,
+    REQUEST_TOKENS,
+    Http,
+    Margin,
+    NvmlLib,
+    RecordDb,
+    RecordEngine,
+    RecordLog,
+    RecordModelConfig,
+    RecordRequestTokens,
+    UsageProblem,
+    analysis_options,
+    check_log_spec,
+)
+
+
+def record(
+    db: RecordDb = None,
+    prom_file: Annotated[Optional[str], typer.Option("--prom-file", help="Write a Prometheus textfile here (atomically), for node_exporter's textfile collector.")] = None,
+    samples: Annotated[int, typer.Option("--samples", help="Snapshots to take in this run.")] = 1,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between snapshots.")] = 10.0,
+    keep: Annotated[Optional[str], typer.Option("--keep", help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps all.")] = "30d",
+    margin: Margin = MARGIN_GIB,
+    request_tokens: RecordRequestTokens = REQUEST_TOKENS,
+    nvml_lib: NvmlLib = None,
+    log: RecordLog = None,
+    model_config: RecordModelConfig = None,
+    http: Http = True,
+    engine: RecordEngine = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
+) -> None:
+    """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
+    from agent import history
+    from agent import record as record_mod
+    from collectors import snapshot
+    from reports import prometheus
+
+    if samples < 1 or interval < 0:
+        raise UsageProblem("--samples must be >= 1 and --interval >= 0")
+    keep_s = None
+    if keep and keep != "forever":
+        try:
+            keep_s = history.parse_duration(keep)
+        except ValueError as exc:
+            raise UsageProblem("--keep: {}".format(exc)) from None
+    check_log_spec(log)
+    path = db or history.default_path()
+    opts = analysis_options(margin, request_tokens)
+
+    def collect():
+        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
+
+    try:
+        with history.Lock(path):
+            result = record_mod.record(path, collect, opts, samples, interval, keep_s,
+                                       target="local:{}".format(__import__("socket").gethostname()))
+    except history.Busy as exc:
+        sys.stderr.write("kvforensics: {}\n".format(exc))
+        return
+    except history.HistoryError as exc:
+        raise UsageProblem(str(exc)) from None
+    if result.moved_aside:
+        sys.stderr.write("kvforensics: the history file was not usable and was moved aside to {}; started a new "
+                         "one at {}\n".format(result.moved_aside, path))
+    if prom_file:
+        lows = {lw.gpu: lw for lw in result.stats.gpus}
+        try:
+            prometheus.write(prom_file, prometheus.registry(result.inspection, lows, result.stats.samples, opts.margin_bytes))
+        except OSError as exc:
+            raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
+    if not quiet:
+        st = result.stats
+        low = min((lw.min_free_bytes for lw in st.gpus if lw.min_free_bytes is not None and lw.rank), default=None)
+        sys.stdout.write("recorded {} sample(s) into {} (run {}: {} samples{}){}{}\n".format(
+            result.samples_written, path, st.run_key, st.samples,
+            ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else "",
+            "; pruned {}".format(result.pruned) if result.pruned else "",
+            "; wrote {}".format(prom_file) if prom_file else ""))
+    if result.inspection.collected_nothing:
+        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)

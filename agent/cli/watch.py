@@ -1,0 +1,28 @@
+"""``kvforensics watch``: a live view of free GPU memory and KV usage."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.cli.options import ColorShortHelp, NvmlLib, UsageProblem, WatchHttp, use_color
+
+
+def watch(
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
+    count: Annotated[int, typer.Option("--count", help="Stop after this many refreshes (0 = until Ctrl-C).")] = 0,
+    nvml_lib: NvmlLib = None,
+    http: WatchHttp = True,
+    color: ColorShortHelp = None,
+) -> None:
+    """Live view: free memory per GPU with a sparkline, and the engine's KV usage. Ctrl-C leaves."""
+    from agent import watch as watch_mod
+
+    if interval <= 0 or count < 0:
+        raise UsageProblem("--interval must be > 0 and --count >= 0")
+    try:
+        watch_mod.run(interval, count, nvml_lib, http, color=use_color(color))
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
