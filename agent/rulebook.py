@@ -4,7 +4,8 @@ A rule is a small function of a ``Context`` — the engine's startup analysis, a
 one, the live node (NVML ledger, processes, metrics) and its recorded history — that yields
 findings. The same rule serves a pasted log and a live node: it measures when it can (live
 NVML, the run's low-water mark) and reads the startup's own figures otherwise. Report order:
-within a severity, the order of ``RULES``.
+the headlines (the startup failed, or the log is a fragment), then by severity, then the order
+of ``RULES``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def _on_startup(rule: Callable[[object], Iterable[Finding]]) -> Rule:
     return run
 
 
+# The truth about the startup itself (failed, or only a fragment) opens the report, whatever
+# the severities below it.
+HEADLINES: List[Rule] = [_on_startup(r) for r in sglang_rules.HEADLINES]
+
 RULES: List[Rule] = [
     node_rules.nvml_unavailable, node_rules.gpu_lost, node_rules.engine_not_found, node_rules.engine_log_missing,
     *[_on_startup(r) for r in sglang_rules.RULES],
@@ -63,10 +68,11 @@ RECOMMENDERS: List[Recommender] = list(sglang_recommend.RECOMMENDERS)
 
 
 def findings(ctx: Context) -> List[Finding]:
-    out: List[Finding] = []
+    first = [f for rule in HEADLINES for f in rule(ctx)]
+    rest: List[Finding] = []
     for rule in RULES:
-        out.extend(rule(ctx))
-    return most_severe_first(out)
+        rest.extend(rule(ctx))
+    return first + most_severe_first(rest)
 
 
 def recommendations(ctx: Context) -> List[Recommendation]:

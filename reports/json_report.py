@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Iterable, List, Optional
 
+from agent.live import GpuLedger, Inspection, TargetFailure
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, RunnerLedger
-from agent.live import GpuLedger, Inspection, TargetFailure
 from collectors.redact import redact_mapping
 from reports.labels import ITEM_LABELS
 
@@ -76,8 +76,10 @@ def target_dict(a: Analysis) -> Dict[str, Any]:
             "context_len": a.summary.context_len,
             "startup_avail_bytes": a.summary.startup_avail_bytes,
             "failure": None if failure is None else {
-                "cause": failure.data["cause"], "message": failure.text,
-                "line": failure.line, "offset": failure.offset},
+                "cause": failure.cause, "message": failure.message, "stage": failure.stage,
+                "rank": failure.rank, "line": failure.line, "offset": failure.offset},
+            "complete": a.complete,
+            "stages": {rank: list(seen) for rank, seen in a.progress.per_rank},
             "budget": {
                 "mem_fraction_static": b.mfs,
                 "mem_fraction_static_source": b.mfs_source or None,

@@ -9,13 +9,14 @@ from __future__ import annotations
 import io
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent.sglang.analysis import Analysis
-from agent.sglang.ledger import RankLedger, RunnerLedger
 from agent.live import GpuLedger, Inspection, Owner, TargetFailure
 from agent.records import Finding, Recommendation, severity_rank
+from agent.sglang.analysis import Analysis
+from agent.sglang.ledger import RankLedger, RunnerLedger
 from agent.sglang.rules import reserve_breakdown
 from collectors.units import GIB
 from reports.labels import ITEM_COLOURS, ITEM_LABELS
+
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "yellow", "info": "cyan"}
 
 # (label, getter, source key, colour for the bar or None)

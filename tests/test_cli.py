@@ -13,7 +13,7 @@ from tests.conftest import ROOT, SEED_CONFIG, SEED_LOG, run_cli, run_json
 TARGET_KEYS = {"target", "status", "problems", "engine", "startup", "findings", "recommendations"}
 ENGINE_KEYS = {"name", "version_hint", "version_clues", "server_args"}
 STARTUP_KEYS = {"index", "count", "first_line", "max_total_num_tokens", "max_running_requests", "context_len",
-                "startup_avail_bytes", "ranks", "failure", "budget"}
+                "startup_avail_bytes", "ranks", "failure", "budget", "complete", "stages"}
 RANK_KEYS = {"rank", "dist_init_bytes", "pre_load_avail_bytes", "weights_bytes", "post_load_avail_bytes",
              "kv_tokens", "kv_bytes", "bytes_per_token", "pool_end_avail_bytes", "graph_bytes",
              "graph_end_avail_bytes", "reserve_bytes", "draft"}

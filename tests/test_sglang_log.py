@@ -122,7 +122,13 @@ def test_tqdm_redraws_with_carriage_returns():
 
 
 def test_prose_mentioning_the_kv_cache_is_not_a_pool():
-    assert parse_line("[2026-01-01 10:00:00] Note: the KV Cache is allocated. KV size: 1.00 GB per rank") == []
+    # Not a pool line; but an SGLang record with a memory figure is never dropped silently.
+    events = parse_line("[2026-01-01 10:00:00] Note: the KV Cache is allocated. KV size: 1.00 GB per rank")
+    assert [e.kind for e in events] == ["unrecognized"]
+
+
+def test_lines_without_memory_figures_are_not_unrecognized():
+    assert parse_line("[2026-01-01 10:00:00 TP0] Decode batch. #running-req: 1, #token: 90, token usage: 0.00") == []
 
 
 def test_sizes_are_gib_not_decimal():

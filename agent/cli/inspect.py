@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple
 
 import typer
 
 from agent import exitcodes
-from agent.live import Inspection, TargetFailure, TargetResult
 from agent.cli.options import (
     FAIL_ON,
     MARGIN_GIB,
@@ -39,6 +38,7 @@ from agent.cli.options import (
     terminal_width,
     use_color,
 )
+from agent.live import Inspection, TargetFailure, TargetResult
 
 if TYPE_CHECKING:
     from agent.fleet import HostResult

@@ -9,13 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from agent.records import Finding, Options, Problem, Recommendation
 from agent.sglang import budget as budget_mod
 from agent.sglang import era as era_mod
+from agent.sglang import stages
 from agent.sglang.attribution import Attributed, attribute
 from agent.sglang.budget import Budget, ReqToToken
 from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry
 from agent.sglang.ledger import RankLedger, ledgers, where
-from agent.records import Finding, Options, Problem, Recommendation
+from agent.sglang.stages import Failure, Progress
 from collectors.sglang.log import LogEvent
 from collectors.sglang.startups import Startup
 
@@ -50,6 +52,8 @@ class Analysis:
     req_to_token: Optional[ReqToToken]
     attributed: Attributed
     options: Options
+    progress: Progress = Progress((), None, None, False)
+    failure: Optional[Failure] = None
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
 
@@ -63,8 +67,17 @@ class Analysis:
         value = self.server_args.get("page_size")
         return value if isinstance(value, int) and value > 0 else 1
 
+    @property
+    def complete(self) -> bool:
+        """The startup reached its scheduler summary: figures after it are "after startup"."""
+        return self.progress.complete
+
     def headroom(self) -> Tuple[Optional[int], str]:
-        """Free memory after startup: the summary's available_gpu_mem, else the least of the ranks'."""
+        """Free memory after startup: the summary's available_gpu_mem, else the least of the ranks'
+        last figures — only when the startup finished (a fragment's last figure precedes later
+        consumers: graphs, the draft, the crash)."""
+        if not self.complete:
+            return None, ""
         if self.summary.startup_avail_bytes is not None:
             return self.summary.startup_avail_bytes, self.summary.source + ": available_gpu_mem"
         finals = [(r.final_avail_bytes, r) for r in self.ranks if r.final_avail_bytes is not None]
@@ -73,16 +86,22 @@ class Analysis:
         value, r = min(finals, key=lambda x: x[0])
         return value, "{} {}: last free figure".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
 
+    def last_free_seen(self) -> Tuple[Optional[int], str]:
+        """The least of the ranks' last free figures, whatever stage it came from, with its line."""
+        finals = [(r.final_avail_bytes, r) for r in self.ranks if r.final_avail_bytes is not None]
+        if not finals:
+            return None, ""
+        value, r = min(finals, key=lambda x: x[0])
+        return value, "{} {}".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
+
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
         """(text, evidence) of SGLang's own warnings of one kind ("unbalanced", …)."""
         return [(e.text, where(e)) for e in self.attributed.other if e.kind == kind]
 
     @property
-    def failed(self) -> Optional[LogEvent]:
+    def failed(self) -> Optional[Failure]:
         """The startup failure, if the startup failed before its summary line."""
-        if self.summary.max_total_num_tokens is not None:
-            return None
-        return self.attributed.failures[0] if self.attributed.failures else None
+        return self.failure
 
 
 def _summary(attributed: Attributed) -> Summary:
@@ -153,14 +172,22 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     ranks = ledgers(attributed, page, bud.reserve_bytes, reserve_src, rtt.bytes if rtt else None,
                     rtt.formula if rtt else "")
 
-    missing = _missing(attributed, summary, args_ev)
+    prog = stages.progress(attributed)
+    died = stages.failure(startup.events, attributed, prog)
+    missing = _missing(attributed, summary, args_ev, died is not None)
     if missing:
         problems.append(Problem("log.fragment", "not in this startup: " + ", ".join(missing)))
     if not attributed.ranks:
         problems.append(Problem("log.no_ranks", "no per-rank memory lines in this startup"))
-    status = "ok" if not missing else "partial"
+    unknown = [e for e in startup.events if e.kind == "unrecognized"]
+    if unknown:
+        shown = ", ".join(where(e) for e in unknown[:10]) + (" and {} more".format(len(unknown) - 10)
+                                                             if len(unknown) > 10 else "")
+        problems.append(Problem("log.unrecognized", "{} line(s) carry memory figures in a shape kvforensics does not "
+                                "know, and were not used: {}".format(len(unknown), shown)))
+    status = "ok" if not missing and not unknown else "partial"
     return Analysis(target, status, tuple(problems), era, args, where(args_ev) if args_ev else "", index, count,
-                    startup.first_line, summary, ranks, bud, geo, rtt, attributed, opts)
+                    startup.first_line, summary, ranks, bud, geo, rtt, attributed, opts, prog, died)
 
 
 def _draft_loaded_first(attributed: Attributed) -> bool:
@@ -177,7 +204,7 @@ def _order(ev: LogEvent) -> Tuple[int, int]:
     return (ev.offset, ev.line or 0)
 
 
-def _missing(attributed: Attributed, summary: Summary, args_ev: Optional[LogEvent]) -> List[str]:
+def _missing(attributed: Attributed, summary: Summary, args_ev: Optional[LogEvent], failed: bool) -> List[str]:
     need: List[str] = []
     if args_ev is None:
         need.append("server_args line")
@@ -186,6 +213,6 @@ def _missing(attributed: Attributed, summary: Summary, args_ev: Optional[LogEven
                         ("kv_pool", "'KV Cache is allocated'"), ("pool_end", "'Memory pool end'")):
         if kind not in kinds:
             need.append(label)
-    if summary.max_total_num_tokens is None and not attributed.failures:
+    if summary.max_total_num_tokens is None and not failed:
         need.append("scheduler summary 'max_total_num_tokens='")
     return need

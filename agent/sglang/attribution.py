@@ -10,6 +10,7 @@ draft. Graph lines carry their runner in the text ("draft", "draft extend").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -69,8 +70,10 @@ def attribute(startup: Startup) -> Attributed:
             summaries.append(ev)
         elif ev.kind == "failure":
             failures.append(ev)
-        elif ev.kind in RUNNER_KINDS and ev.rank is not None:
-            rank = ranks.setdefault(ev.rank, RankEvents(ev.rank))
+        elif ev.kind in RUNNER_KINDS:
+            # A memory line without any SGLang prefix was pasted with it stripped: untagged.
+            tag = ev.rank if ev.rank is not None else ""
+            rank = ranks.setdefault(tag, RankEvents(tag))
             _runner_for(rank, ev).events.append(ev)
         else:
             other.append(ev)
@@ -91,7 +94,7 @@ def _runner_for(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
         return d if t.has(kind) else t
     if kind in ("dist_init_end", "load_end"):
         begin = "dist_init_begin" if kind == "dist_init_end" else "load_begin"
-        if d.has(begin) or t.has(kind):
+        if d.has(begin) or t.has(kind) or _is_draft_model(ev):
             return d
         return t
     if kind == "kv_pool":
@@ -101,6 +104,15 @@ def _runner_for(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
     if kind in ("pool_end", "mamba_pool"):
         return d if t.has(kind) and d.has("load_begin") else t
     return t
+
+
+# Draft architectures name themselves (DeepseekV3ForCausalLMNextN, LlamaForCausalLMEagle3, …):
+# a fragment that starts after the target's weights still gets its draft line right.
+_DRAFT_MODEL = re.compile(r"NextN|Eagle|MTP|Draft", re.IGNORECASE)
+
+
+def _is_draft_model(ev: LogEvent) -> bool:
+    return ev.kind == "load_end" and bool(_DRAFT_MODEL.search(str(ev.data.get("model_type") or "")))
 
 
 def _rank_sort_key(rank: str) -> Tuple[Tuple[str, int], ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 from collectors.lineformat import Version, version
 from collectors.sglang.formats import BY_NAME

@@ -219,12 +219,13 @@ def cuda_graph_max_bs(a: Analysis) -> Iterator[Recommendation]:
 
 
 def startup_failure_fix(a: Analysis) -> Iterator[Recommendation]:
-    ev = a.failed
+    f = a.failed
     b = a.budget
-    if ev is None:
+    if f is None:
         return
-    cause = ev.data["cause"]
-    if cause in ("not_enough_memory", "weights_leave_no_memory") and b.pre_min_bytes and b.post_min_bytes:
+    cause = f.cause
+    if cause in ("not_enough_memory", "weights_leave_no_memory", "no_kv_budget") and b.pre_min_bytes \
+            and b.post_min_bytes:
         floor = 1 - b.post_min_bytes / b.pre_min_bytes
         new = math.ceil((floor + 0.02) * 100) / 100
         yield Recommendation(
@@ -232,7 +233,7 @@ def startup_failure_fix(a: Analysis) -> Iterator[Recommendation]:
             "The minimum that leaves any KV budget is {:.4f}; {:.2f} gives the pool {}. If that is too small, "
             "spread the weights over more GPUs (--tp-size) or use a quantised checkpoint.".format(
                 floor, new, gib((new - floor) * b.pre_min_bytes)))
-    elif cause == "cuda_graph_capture_failed":
+    elif cause == "cuda_graph_capture_failed" or (cause == "cuda_out_of_memory" and f.stage == "graph_capture"):
         bs = a.server_args.get("cuda_graph_max_bs")
         value = str(max(1, bs // 2)) if isinstance(bs, int) else "a smaller value"
         yield Recommendation("--cuda-graph-max-bs", value, None, None, "estimated",

@@ -12,6 +12,7 @@ from typing import Iterator, List, Optional, Tuple
 from agent.records import Finding
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, where
+from agent.sglang.stages import STAGE_WORDS
 from collectors.units import gib
 
 GEOMETRY_TOLERANCE = 0.01  # config vs log bytes-per-token, relative
@@ -33,30 +34,70 @@ def _ev(r: Optional[RankLedger], *fields: str) -> Tuple[str, ...]:
     return tuple(out)
 
 
+_CAUSE_WORDS = {
+    "not_enough_memory": "the KV budget came out at or below zero",
+    "no_kv_budget": "the KV budget came out at or below zero",
+    "weights_leave_no_memory": "the loaded weights leave no GPU memory for the KV cache",
+    "cuda_graph_capture_failed": "CUDA graph capture failed (usually out of the memory left outside the KV pool)",
+    "cuda_out_of_memory": "a CUDA allocation ran out of memory",
+    "host_memory_short": "the HiCache host pool needs more host RAM than is free",
+    "nccl_error": "NCCL (GPU-to-GPU communication) failed",
+    "unbalanced_memory": "free memory differs too much across the GPUs (something else holds memory on some)",
+    "scheduler_died": "a scheduler process died",
+    "child_failed": "a child process failed",
+    "exception": "an exception ended it",
+    "cuda_error": "a CUDA error (not a memory shortage)",
+}
+
+
 def startup_failed(a: Analysis) -> Iterator[Finding]:
-    ev = a.failed
-    if ev is None:
+    f = a.failed
+    if f is None:
         return
-    cause = ev.data["cause"]
     b = a.budget
-    explain = {
-        "not_enough_memory": "the KV budget came out at or below zero",
-        "weights_leave_no_memory": "the loaded weights leave no GPU memory for the KV cache",
-        "cuda_graph_capture_failed": "CUDA graph capture ran out of the memory left outside the KV pool",
-        "cuda_out_of_memory": "a CUDA allocation failed during startup",
-        "host_memory_short": "the HiCache host pool needs more host RAM than is free",
-    }.get(cause, cause)
-    detail = "{}: {} ({}).".format(explain, ev.text, where(ev))
-    if cause in ("not_enough_memory", "weights_leave_no_memory") and b.pre_min_bytes and b.post_min_bytes:
+    explain = _CAUSE_WORDS.get(f.cause, f.cause)
+    stage = STAGE_WORDS.get(f.stage, f.stage)
+    detail = "{}: {} ({}{}). Stage: {} (from {}).".format(
+        explain, f.message, f.rank + " " if f.rank else "", f.where, stage, f.stage_source)
+    if f.cause in ("not_enough_memory", "weights_leave_no_memory", "no_kv_budget") and b.pre_min_bytes \
+            and b.post_min_bytes:
         floor = 1 - b.post_min_bytes / b.pre_min_bytes
         detail += (" Post-load free {} against pre-load free {}: any --mem-fraction-static at or below "
                    "{:.4f} leaves rest = post − pre × (1 − f) ≤ 0.").format(
                        gib(b.post_min_bytes), gib(b.pre_min_bytes), floor)
-    if cause == "host_memory_short":
+    if f.cause == "no_kv_budget":
+        detail += " SGLang profiled {:,} tokens for the pool.".format(f.data["profiled"])
+    if f.cause == "host_memory_short":
         detail += " Requested {:.2f} GB, free {:.2f} GB (decimal GB, per rank).".format(
-            ev.data["requested_bytes"] / 1e9, ev.data["free_bytes"] / 1e9)
-    yield Finding("startup_failed", "critical", "The startup failed: " + explain, detail,
-                  None, (where(ev),))
+            f.data["requested_bytes"] / 1e9, f.data["free_bytes"] / 1e9)
+    free, at = a.last_free_seen()
+    if free is not None and f.cause not in ("host_memory_short",):
+        detail += " The last free figure before it: {} ({}); that memory was not left over, the startup died.".format(
+            gib(free), at)
+    yield Finding("startup_failed", "critical", "The startup failed during {}: {}".format(stage, explain), detail,
+                  None, (f.where,))
+
+
+def incomplete_startup(a: Analysis) -> Iterator[Finding]:
+    """A fragment: say how far it got and what it cannot show, instead of guessing."""
+    p = a.progress
+    if p.complete or a.failed is not None:
+        return
+    missing = [STAGE_WORDS[s] for s in p.missing()]
+    if p.last_stage is None:
+        title = "The log shows no startup stage: it is a fragment"
+    else:
+        title = "The log stops before the startup finished: the last stage it shows is {} ({})".format(
+            STAGE_WORDS[p.last_stage], where(p.last_event))
+    free, at = a.last_free_seen()
+    seen = " The last free figure, {} ({}), is what was free then, not after startup.".format(gib(free), at) \
+        if free is not None else ""
+    yield Finding("incomplete_startup", "info", title,
+                  "Not shown: {}.{} Graph capture, the draft model or a crash may come later, so this report makes "
+                  "no unused-memory verdict and recommends no --mem-fraction-static raise. To settle it, include the "
+                  "startup from `server_args=` to the `max_total_num_tokens=` summary line, or run `kvforensics "
+                  "inspect` on the node.".format(", ".join(missing) or "the scheduler summary", seen),
+                  None, (where(p.last_event),) if p.last_event is not None else ())
 
 
 def mem_fraction_semantics(a: Analysis) -> Iterator[Finding]:
@@ -128,6 +169,8 @@ def reserve_breakdown(a: Analysis) -> List[Tuple[str, int, str]]:
 
 
 def reserve_spent(a: Analysis) -> Iterator[Finding]:
+    if not a.complete:  # "still free after startup" needs a startup that finished
+        return
     rows = reserve_breakdown(a)
     if not rows or a.budget.reserve_bytes is None:
         return
@@ -221,5 +264,7 @@ def startup_notes(a: Analysis) -> Iterator[Finding]:
 
 
 # SGLang's own log rules, in report order (agent/rulebook.py places them among the others).
-RULES = (startup_failed, mem_fraction_semantics, kv_budget_check, reserve_spent, draft_in_reserve,
+# What the startup itself came to (failed, or a fragment): reported before everything else.
+HEADLINES = (startup_failed, incomplete_startup)
+RULES = (mem_fraction_semantics, kv_budget_check, reserve_spent, draft_in_reserve,
          kv_geometry_check, startup_notes)

@@ -39,12 +39,13 @@ def _int_list(text: str) -> Tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text))
 
 
-_AVAIL = re.compile(r"avail mem=(" + _NUM + r") ?GB")
-_USAGE = re.compile(r"mem usage=(" + _NUM + r") ?GB")
+_AVAIL = re.compile(r"avail mem=(" + _NUM + r") ?GB", re.IGNORECASE)
+_USAGE = re.compile(r"mem usage=(" + _NUM + r") ?GB", re.IGNORECASE)
 _ELAPSED = re.compile(r"(?:Time elapsed: |elapsed=)(" + _NUM + r") ?s")
 _BS = re.compile(r"\bbs=?\s?\[([^\]]*)\]")
-_DTYPE_FIELD = re.compile(r"dtype=([^,]+)")
-_QUANT_FIELD = re.compile(r"quant=([^,]+)")
+_DTYPE_FIELD = re.compile(r"\bdtype=([^,]+)")
+_QUANT_FIELD = re.compile(r"\bquant=([^,]+)")
+_TYPE_FIELD = re.compile(r"\btype=([^,]+)")
 _MAMBA_EXTRA = re.compile(r"intermediate_\w+ size: (" + _NUM + r") ?GB")
 
 
@@ -66,15 +67,20 @@ def _baseline(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"used_bytes": _gib(m.group(1)), "baseline": True}
 
 
-def _load_end(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    mid = m.group("mid")
-    return {"avail_bytes": _gib(m.group("avail")), "used_bytes": _gib(m.group("used")),
-            "model_type": m.group("type").strip(), "dtype": _find(_DTYPE_FIELD, mid),
-            "quant": _find(_QUANT_FIELD, mid)}
+def _load_end(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
+    """Fields wherever they stand (releases add and reorder them: ``quant=``, ``fmt=``, …)."""
+    avail = _find(_AVAIL, msg)
+    if avail is None:
+        return None
+    model_type = _find(_TYPE_FIELD, msg)
+    return {"avail_bytes": _gib(avail), "used_bytes": _gib(_find(_USAGE, msg)),
+            "model_type": model_type.strip() if model_type else None, "dtype": _find(_DTYPE_FIELD, msg),
+            "quant": _find(_QUANT_FIELD, msg)}
 
 
 def _no_room(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"cause": "weights_leave_no_memory", "mfs": float(m.group(1)), "min_mfs": float(m.group(2))}
+    return {"cause": "weights_leave_no_memory", "mfs": float(m.group(1)),
+            "min_mfs": float(m.group(2)) if m.group(2) else None}
 
 
 def _mamba(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -159,6 +165,22 @@ def _cause(cause: str):  # type: ignore[no-untyped-def]
     return lambda m, msg: {"cause": cause}
 
 
+def _negative_profile(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"cause": "no_kv_budget", "requested": int(m.group(1)), "profiled": int(m.group(2))}
+
+
+def _process_exception(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"cause": "exception", "process": m.group(1)}
+
+
+def _exception_line(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"type": m.group("type"), "text": (m.group("text") or "").strip()}
+
+
+def _frame(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"path": m.group("path"), "func": m.group("func")}
+
+
 def _host_short(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"cause": "host_memory_short", "requested_bytes": _gb(m.group(1)), "free_bytes": _gb(m.group(2))}
 
@@ -236,15 +258,14 @@ FORMATS: Tuple[LineFormat, ...] = (
          _baseline, always("0.5.21", None, "'Memory baseline taken'")),
     # (b) weights: begin unchanged since 0.2.15; end gains "mem usage" (0.4.4), "elapsed" (0.5.9),
     # loses "dtype=" and gains "quant=…" (0.5.10).
-    _row("load_begin", "load_begin", "GB", r"^Load weight begin\. avail mem=(" + _NUM + r") GB", _avail),
-    _row("load_end", "load_end", "GB",
-         r"^Load weight end\. (?:elapsed=(?P<t>" + _NUM + r") s, )?type=(?P<type>[^,]+), (?P<mid>.*?)"
-         r"avail mem=(?P<avail>" + _NUM + r") GB(?:, mem usage=(?P<used>" + _NUM + r") GB)?", _load_end,
+    _row("load_begin", "load_begin", "GB", r"^Load weight begin\. (?i:avail mem)=(" + _NUM + r") ?GB", _avail),
+    _row("load_commit", "load_commit", "Committed real weights", r"^Load weight end\. Committed real weights",
+         _empty),  # 0.5.18+ overlap mode
+    _row("load_end", "load_end", "GB", r"^Load weight end\.", _load_end,
          first(when(lambda d, t: d.get("used_bytes") is None, None, "0.4.3", "'Load weight end' without mem usage"),
                when(lambda d, t: "elapsed=" not in t, "0.4.4", "0.5.8", "'Load weight end' with mem usage, no elapsed"),
                when(lambda d, t: bool(d.get("dtype")), "0.5.9", "0.5.9", "'Load weight end. elapsed=…, dtype='"),
                always("0.5.10", None, "'Load weight end' without dtype"))),
-    _row("load_commit", "load_commit", "Committed real weights", r"^Load weight end\. Committed real weights", _empty),  # 0.5.18 overlap
     _row("kv_dtype", "kv_dtype", "KV cache dtype", r"^Using KV cache dtype: (\S+)", _kv_dtype,
          always("0.5.3", "0.5.12", "'Using KV cache dtype'")),  # rank 0 only
     _row("swa_split", "swa_split", "indow memory pool",
@@ -297,22 +318,52 @@ FORMATS: Tuple[LineFormat, ...] = (
          r"(?:dtype: (?P<dtype>[^,]+), )?(?:#tokens: (?P<tokens>\d+), )?"
          r"(?:K size: (?P<k>" + _NUM + r") GB, V size: (?P<v>" + _NUM + r") GB|KV size: (?P<kv>" + _NUM + r") GB)",
          _kv_pool, *_kv_clues()),
-    # Failures and warnings: SGLang raises these inside exception text, so search anywhere.
+    # Failures: SGLang raises these inside exception text, so search anywhere. Specific causes
+    # first (the message strings of each release: sglang_source_facts §8), generic ones last.
+    _row("negative_profile", "failure", "profiled value",
+         r"max_total_tokens=(\d+) is larger than the profiled value (-\d+|0)\b", _negative_profile, anywhere=True),
     _row("not_enough_memory", "failure", "Not enough memory",
          r"Not enough memory\. Please try to increase --mem-fraction-static", _cause("not_enough_memory"),
          anywhere=True),
     _row("weights_leave_no_memory", "failure", "Loaded weights leave",
          r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(" + _NUM + r")"
-         r"\. Raise --mem-fraction-static above (" + _NUM + r")", _no_room,
+         r"(?:\. Raise --mem-fraction-static above (" + _NUM + r"))?", _no_room,
          always("0.5.14", None, "'Loaded weights leave no GPU memory'"), anywhere=True),
     _row("host_memory_short", "failure", "GB",
-         r"Not enough host memory available\. Requesting (" + _NUM + r") GB but only have (" + _NUM + r") GB free",
-         _host_short, anywhere=True),
+         r"Not enough host memory(?: for [^.]*)? ?(?:available)?\. Requesting (" + _NUM + r") GB but only have ("
+         + _NUM + r") GB free", _host_short, anywhere=True),
     _row("graph_failed", "failure", "graph failed", r"Capture (?:\w+ )*(?:cuda|CUDA) graph failed",
          _cause("cuda_graph_capture_failed"), anywhere=True),
-    _row("oom", "failure", "out of memory", r"CUDA out of memory", _cause("cuda_out_of_memory"), anywhere=True),
-    _row("oom_error", "failure", "OutOfMemoryError", r"OutOfMemoryError", _cause("cuda_out_of_memory"),
+    _row("prefill_graph_failed", "failure", "Fail when using backend", r"Fail when using backend: \S+ for prefill runner",
+         _cause("cuda_graph_capture_failed"), anywhere=True),
+    _row("unbalanced_raised", "failure", "memory capacity is unbalanced",
+         r"(?:ValueError|RuntimeError|Exception): The memory capacity is unbalanced", _cause("unbalanced_memory"),
          anywhere=True),
+    _row("oom", "failure", "out of memory", r"CUDA out of memory|CUDA error: out of memory", _cause("cuda_out_of_memory"),
+         anywhere=True),
+    _row("oom_error", "failure", "OutOfMemoryError", r"OutOfMemoryError", _cause("cuda_out_of_memory"), anywhere=True),
+    _row("oom_allocator", "failure", "failed with OOM", r"memory allocation failed with OOM on device",
+         _cause("cuda_out_of_memory"), anywhere=True),
+    _row("cuda_error", "failure", "CUDA Error", r"^CUDA Error: (?!out of memory)", _cause("cuda_error")),
+    _row("nccl", "failure", "NCCL", r"NCCL error|nccl(?:UnhandledCuda|System|Internal|InvalidUsage)Error",
+         _cause("nccl_error"), anywhere=True),
+    _row("scheduler_died", "failure", "scheduler", r"Rank (\d+) scheduler (?:is dead|died during initialization)",
+         _cause("scheduler_died"), anywhere=True),
+    _row("process_exception", "failure", " hit an exception",
+         r"(\w+) hit an exception", _process_exception, anywhere=True),
+    _row("process_exception_old", "failure", "Exception in ",
+         r"^Exception in (run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti|\w+)\b", _process_exception),
+    _row("child_failed", "failure", "Received sigquit", r"Received sigquit from a child proces", _cause("child_failed"),
+         anywhere=True),
+    _row("init_failed", "failure", "Initialization failed", r"^Initialization failed", _cause("exception")),
+    _row("traceback", "failure", "Traceback", r"^Traceback \(most recent call last\)", _cause("exception")),
+    # The exception a traceback ends with ("ValueError: …", a bare "AssertionError").
+    _row("exception_line", "exception", "Error", r"^(?:[\w.]+\.)?(?P<type>\w*Error)(?:: (?P<text>.*))?$",
+         _exception_line),
+    _row("exception_line_exc", "exception", "Exception", r"^(?:[\w.]+\.)?(?P<type>\w*Exception)(?:: (?P<text>.*))?$",
+         _exception_line),
+    # Traceback frames name the stage a failure happened in.
+    _row("frame", "frame", "File \"", r'^File "(?P<path>[^"]+)", line \d+, in (?P<func>[\w<>]+)', _frame),
     _row("unbalanced", "unbalanced", "memory capacity is unbalanced", r"The memory capacity is unbalanced", _empty,
          anywhere=True),
     _row("mfs_adjusted", "mfs_adjusted", "Dynamically adjusted",

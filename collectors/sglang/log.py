@@ -58,7 +58,9 @@ _PREFIX = re.compile(
 )
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # 0.2.0 "[gpu_id=0] ", 0.2.9 "[gpu=0] " inside the message (tolerated, not a rank tag).
-_LEGACY_GPU = re.compile(r"^\[gpu(?:_id)?=\d+\] ")
+_LEGACY_GPU = re.compile(r"^\[(gpu(?:_id)?=\d+)\] ")
+# A record that carries a GPU-memory figure (checked only for records no row recognised).
+_MEMORY_FIGURE = re.compile(r"avail mem|mem usage|#tokens|\d GB\b", re.IGNORECASE)
 # journald: "Jan 05 10:00:00 host unit[123]: "; docker compose: "name  | ".
 _EXTERNAL = re.compile(
     r"^(?:[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \S+ [^\s:]+?(?:\[\d+\])?: |[\w.-]+\s+\| )"
@@ -78,7 +80,9 @@ def split_records(raw: str) -> List[Tuple[Optional[str], Optional[str], str]]:
             continue
         matches = list(_PREFIX.finditer(part))
         if not matches:
-            out.append((None, None, _EXTERNAL.sub("", part, count=1).strip()))
+            msg = _EXTERNAL.sub("", part, count=1).strip()
+            legacy = _LEGACY_GPU.match(msg)  # 0.2.x "[gpu_id=0] msg": no timestamp, the GPU as the tag
+            out.append((None, legacy.group(1) if legacy else None, msg))
             continue
         for i, m in enumerate(matches):
             end = matches[i + 1].start() if i + 1 < len(matches) else len(part)
@@ -106,11 +110,13 @@ def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[Lo
     events: List[LogEvent] = []
     for ts, rank, msg in split_records(raw):
         found = classify(msg)
-        if found is None:
-            continue
-        row, data = found
         text = msg if len(msg) <= 240 else msg[:237] + "..."
-        events.append(LogEvent(row.kind, line, offset, rank, ts, data, text, raw, row.name))
+        if found is not None:
+            row, data = found
+            events.append(LogEvent(row.kind, line, offset, rank, ts, data, text, raw, row.name))
+        elif rank is not None and _MEMORY_FIGURE.search(msg):
+            # An SGLang record with a memory figure in a shape no row knows: say so, never drop it silently.
+            events.append(LogEvent("unrecognized", line, offset, rank, ts, {}, text, raw, ""))
     return events
 
 
