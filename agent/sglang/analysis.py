@@ -116,7 +116,7 @@ def _summary(attributed: Attributed) -> Summary:
 
 
 def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
-              problems: List[Problem]) -> Optional[KvGeometry]:
+              problems: List[Problem], era: era_mod.Era) -> Optional[KvGeometry]:
     if opts.model_config is None:
         return None
     tp = args.get("tp_size") if isinstance(args.get("tp_size"), int) else 1
@@ -124,7 +124,10 @@ def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
     attn_tp = max(1, tp // dp) if args.get("enable_dp_attention") else tp
     dtype = args.get("kv_cache_dtype") or (kv_dtype or "").replace("torch.", "") or None
     try:
-        return geometry(opts.model_config, attn_tp=attn_tp, kv_cache_dtype=dtype)
+        pp = args.get("pp_size") if isinstance(args.get("pp_size"), int) and args["pp_size"] > 0 else 1
+        backend = args.get("nsa_decode_backend") or args.get("nsa_prefill_backend")
+        return geometry(opts.model_config, attn_tp=attn_tp, kv_cache_dtype=dtype, era=era,
+                        nsa_backend=str(backend) if backend else None, pp_size=pp)
     except GeometryError as exc:
         problems.append(Problem("model_config.unusable", "{}: {}".format(opts.model_config_path, exc)))
         return None
@@ -147,24 +150,30 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     page = args.get("page_size") if isinstance(args.get("page_size"), int) and args["page_size"] > 0 else 1
 
     kv_dtype = next((e.data["dtype"] for e in attributed.other if e.kind == "kv_dtype"), None)
-    geo = _geometry(opts, args, kv_dtype, problems)
+    geo = _geometry(opts, args, kv_dtype, problems, era)
 
+    mm = sum(e.data["bytes"] for e in attributed.other if e.kind == "mm_reserve")
+
+    # First the ledgers without the reserve (the budget gives it), then with it.
+    first = ledgers(attributed, page, None, "", None, "")
+    first_kv = next((e for r in attributed.ranks for e in r.target.all("kv_pool") if e.data.get("tokens")), None)
+    bud = budget_mod.compute(era, budget_mod.Inputs(
+        args, first, page, geo.bytes_per_token if geo else None, geo.formula if geo else "", mm,
+        _draft_loaded_first(attributed),
+        "server_args mem_fraction_static ({})".format(where(args_ev)) if args_ev
+        and "mem_fraction_static" in args_ev.data["args"] else "the server's command line (--mem-fraction-static)",
+        next((e.data["full_tokens"] for e in attributed.other if e.kind == "swa_split" and e.data.get("full_tokens")),
+             None),
+        summary.context_len, geo.layers if geo else None, first_kv.data["tokens"] if first_kv else None,
+        summary.max_total_num_tokens))
+    resized = next((e for r in attributed.ranks for e in r.target.all("post_capture_kv")), None)
+    if resized is not None:
+        bud = budget_mod.post_capture_check(bud, resized.data["tokens"], resized.data.get("avail_bytes"), mm,
+                                            where(resized))
     rtt: Optional[ReqToToken] = None
     if summary.max_total_num_tokens and summary.context_len:
         rtt = budget_mod.req_to_token(era, args, summary.max_total_num_tokens, summary.context_len,
-                                      summary.max_running_requests)
-    mm = sum(e.data["bytes"] for e in attributed.other if e.kind == "mm_reserve")
-
-    # First pass without the reserve (it needs the budget), second with it.
-    first = ledgers(attributed, page, None, "", rtt.bytes if rtt else None, rtt.formula if rtt else "")
-    bud = budget_mod.compute(era, args, first, page, geo.bytes_per_token if geo else None,
-                             geo.formula if geo else "", mm, rtt.rows if rtt else None,
-                             _draft_loaded_first(attributed),
-                             "server_args mem_fraction_static ({})".format(where(args_ev)) if args_ev
-                             and "mem_fraction_static" in args_ev.data["args"]
-                             else "the server's command line (--mem-fraction-static)",
-                             next((e.data["full_tokens"] for e in attributed.other
-                                   if e.kind == "swa_split" and e.data.get("full_tokens")), None))
+                                      summary.max_running_requests, bud.profiled_tokens)
     reserve_src = ""
     if bud.reserve_bytes is not None:
         reserve_src = "pre-load free (min over ranks) × (1 − mem_fraction_static {:g}; {})".format(

@@ -17,9 +17,28 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from agent.sglang.era import Era
 from agent.sglang.ledger import RankLedger
+from collectors.lineformat import Version
 from collectors.sglang.log import GIB, PRINT_TOLERANCE_BYTES
 
 HALF = PRINT_TOLERANCE_BYTES
+
+
+# Budget rule boundaries, from the release wheels (sglang_source_facts §1–§6). Version tuples here
+# carry no ".postN": 0.4.3.post4 counts as 0.4.4 and 0.4.6.post5 as 0.4.7, as the line-shape clues do.
+HEADROOM = ((0, 4, 4), (0, 5, 6))  # EAGLE headroom added to the target pool (0.4.3.post4–0.5.6.post2)
+DRAFT_IN_BUDGET = (0, 5, 14)  # draft weights before profiling; cell × (1 + draft layers / target layers)
+BOUNDARIES = ((0, 3, 1), (0, 3, 2), (0, 4, 2), (0, 4, 4), (0, 4, 7), (0, 5, 1), (0, 5, 7), (0, 5, 10), (0, 5, 11),
+              (0, 5, 14), (0, 5, 16), (0, 5, 17))
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "MTP")  # NEXTN/MTP run as EAGLE in SGLang
+MAX_DRAFT_LAYERS = 4  # draft depths tried when the draft's config is not at hand
+
+
+def default_max_num_reqs(era: Era, tokens: int, context_len: int) -> int:
+    """SGLang's default max_num_reqs: min(max(int(T / C × 512), 2048), cap); cap 5120 up to 0.3.0,
+    4096 since (model_runner.py init_memory_pool; 0.5.10+ _resolve_max_num_reqs also ≤ T // 2)."""
+    cap = 5120 if era.at_most((0, 3, 0)) else 4096
+    est = min(max(int(tokens / max(1, context_len) * 512), 2048), cap)
+    return min(est, max(1, tokens // 2)) if era.at_least((0, 5, 10)) else est
 
 
 @dataclass(frozen=True)
@@ -31,29 +50,35 @@ class ReqToToken:
 
 
 def req_to_token(era: Era, args: Dict[str, Any], tokens: int, context_len: int,
-                 running: Optional[int]) -> ReqToToken:
-    """The int32 req_to_token table: rows × (context_len + extra) × 4 bytes (research §4, §2.6)."""
-    est = max(min(int(tokens / context_len * 512), 4096), 2048)
+                 running: Optional[int], profiled: Optional[int] = None) -> ReqToToken:
+    """The int32 req_to_token table, rows × cols × 4 bytes (ReqToTokenPool.__init__; its caller per
+    release, sglang_source_facts §4). Rows: R up to 0.3.1, R + 1 in 0.3.2–0.4.6.post5, R in
+    0.4.7–0.5.10, R + 1 (a padding row) from 0.5.11. R: --max-running-requests, else the default
+    from the capped T (≤0.4.1), the profiled uncapped T (0.4.2–0.5.9), or the resolved value the
+    summary prints (0.5.10+). Columns: context_len + 8 up to 0.3.1, + 4 since, + the speculative
+    draft tokens from 0.5.1. No log line reports this table."""
     user = args.get("max_running_requests")
     if era.at_least((0, 5, 10)) and running is not None:
-        rows, why = running, "max_running_requests {} (= pool rows since 0.5.10)".format(running)
-    elif isinstance(user, int):
-        rows, why = user, "--max-running-requests {}".format(user)
+        r, why = running, "max_running_requests {} (resolved, as the summary prints it; 0.5.10+)".format(running)
+    elif isinstance(user, int) and user > 0:
+        r, why = user, "--max-running-requests {}".format(user)
     else:
-        rows, why = est, "min(max(int(T/C×512), 2048), 4096) = {}".format(est)
-    if era.at_most((0, 4, 6)):
-        rows += 1
-        why += " + 1 row"
-    elif era.at_least((0, 5, 12)):
-        rows += 1
-        why += " + 1 padding row"
+        basis = profiled if (profiled and era.at_least((0, 4, 2))) else tokens
+        r = default_max_num_reqs(era, basis, context_len)
+        why = "min(max(int(T/C×512), 2048), {}) with T = {:,} ({}) = {}".format(
+            5120 if era.at_most((0, 3, 0)) else 4096, basis,
+            "profiled, uncapped" if basis is profiled else "max_total_num_tokens", r)
+    rows = r
+    if era.at_least((0, 3, 2)) and era.at_most((0, 4, 6)):
+        rows, why = r + 1, why + " + 1 row (0.3.2–0.4.6)"
+    elif era.at_least((0, 5, 11)):
+        rows, why = r + 1, why + " + 1 padding row (0.5.11+)"
+    extra = 8 if era.at_most((0, 3, 1)) else 4
     draft_tokens = args.get("speculative_num_draft_tokens")
-    extra = 4
     if era.at_least((0, 5, 1)) and isinstance(draft_tokens, int):
         extra += draft_tokens
     cols = context_len + extra
-    return ReqToToken(rows, cols, rows * cols * 4,
-                      "{} × (context_len {} + {}) × 4 B".format(why, context_len, extra))
+    return ReqToToken(rows, cols, rows * cols * 4, "{} × (context_len {} + {}) × 4 B".format(why, context_len, extra))
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,27 @@ class Budget:
     explanation: str
     draft_in_budget: bool  # 0.5.14+: draft weights and KV are inside the static budget
     steps: Tuple[str, ...]
+    era_hint: str = ""  # the releases whose rules this prediction used
+    profiled_tokens: Optional[int] = None  # before headroom, cap and page rounding
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the formula reads from a startup, independent of the release rules applied to it."""
+
+    args: Dict[str, Any]
+    ranks: Tuple[RankLedger, ...]
+    page_size: int
+    cell_from_config: Optional[int] = None
+    cell_config_formula: str = ""
+    mm_reserve: int = 0
+    draft_first: bool = False  # draft weights loaded before the target pool was sized (0.5.14+ order)
+    mfs_origin: str = "server_args mem_fraction_static"
+    swa_full_tokens: Optional[int] = None
+    context_len: Optional[int] = None
+    target_layers: Optional[int] = None  # from --model-config: the 0.5.14+ draft scaling needs it
+    logged_tokens: Optional[int] = None  # the first (pre-capture) KV line's #tokens
+    summary_tokens: Optional[int] = None  # max_total_num_tokens: the count when no KV line gives one (≤0.4.3)
 
 
 def _min(values: List[Optional[int]]) -> Optional[int]:
@@ -84,37 +130,73 @@ def _min(values: List[Optional[int]]) -> Optional[int]:
     return min(known) if known else None
 
 
-def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_size: int,
-            cell_from_config: Optional[int], cell_config_formula: str,
-            mm_reserve: int, rows: Optional[int], draft_first: bool,
-            mfs_origin: str = "server_args mem_fraction_static", swa_full_tokens: Optional[int] = None) -> Budget:
-    """``draft_first``: the draft's weights loaded before the target KV pool was sized (0.5.14+
-    order), so the profile saw them and the draft's KV is part of the cell."""
+def split(era: Era) -> List[Era]:
+    """The era cut at every budget-rule boundary inside it (one piece when none falls inside)."""
+    pieces, low = [], era.low
+    for b in BOUNDARIES:
+        if low < b <= era.high:
+            pieces.append(Era(low, _before(b), era.clues))
+            low = b
+    pieces.append(Era(low, era.high, era.clues))
+    return pieces
+
+
+def _before(v: Version) -> Version:
+    """The last release before ``v`` that the version tuples can name (0.5.7 → 0.5.6)."""
+    return (v[0], v[1], v[2] - 1) if v[2] > 0 else (v[0], v[1] - 1, 99)
+
+
+def compute(era: Era, inputs: Inputs) -> Budget:
+    """The prediction under the rules of the releases the log's line formats allow. When that
+    range straddles a rule boundary, each side is computed; the log's own pool says which fits."""
+    results = [(piece, _compute_one(piece, inputs)) for piece in split(era)]
+    distinct = {r.predicted_tokens for _, r in results}
+    if len(distinct) <= 1:
+        return results[0][1]
+    fits = [(p, r) for p, r in results if r.verdict in ("agrees", "explained")]
+    piece, chosen = fits[0] if fits else results[0]
+    others = "; ".join("{}: {:,}".format(p.hint, r.predicted_tokens) for p, r in results
+                       if r.predicted_tokens is not None)
+    if fits:
+        note = "the line formats allow {}, whose budget rules differ ({}); the logged pool fits {}".format(
+            era.hint, others, piece.hint)
+    else:
+        note = "the line formats allow {}, whose budget rules differ ({}); the logged pool fits none".format(
+            era.hint, others)
+    return _replace(chosen, explanation="; ".join(x for x in (chosen.explanation, note) if x),
+                    era_hint=piece.hint)
+
+
+def _compute_one(era: Era, inputs: Inputs) -> Budget:
+    args, ranks, page_size = inputs.args, inputs.ranks, inputs.page_size
     steps: List[str] = []
     pre = _min([r.target.pre_load_avail_bytes for r in ranks])
+    draft_first = inputs.draft_first
     if draft_first:
         post = _min([r.draft.post_load_avail_bytes if r.draft else None for r in ranks])
         post_source = "last 'Load weight end' avail (after the draft's weights; 0.5.14+ profiles then)"
     else:
         post = _min([r.target.post_load_avail_bytes for r in ranks])
         post_source = "'Load weight end' avail"
-    logged = next((r.target.kv_tokens for r in ranks if r.target.kv_tokens is not None), None)
-    if swa_full_tokens:
+    logged = inputs.logged_tokens
+    if logged is None:
+        logged = next((r.target.kv_tokens for r in ranks if r.target.kv_tokens is not None), inputs.summary_tokens)
+    if inputs.swa_full_tokens:
         # Hybrid sliding-window pools: the budget is counted in full-attention tokens (each also
         # paying for its share of SWA tokens), and a KV line's #tokens may be the SWA count.
-        logged = swa_full_tokens
+        logged = inputs.swa_full_tokens
     mamba = max([r.target.mamba_bytes or 0 for r in ranks] or [0])
+    mm_reserve = inputs.mm_reserve
 
-    cell, cell_lo, cell_hi, cell_source = _cell(ranks, page_size, draft_first, cell_from_config,
-                                                cell_config_formula, swa_full_tokens)
+    cell, cell_lo, cell_hi, cell_source = _cell(ranks, page_size, draft_first, inputs.cell_from_config,
+                                                inputs.cell_config_formula, inputs.swa_full_tokens)
     raw_mfs = args.get("mem_fraction_static")
-    mfs = float(raw_mfs) if isinstance(raw_mfs, (int, float)) else None
-    mfs_source = mfs_origin if mfs is not None else ""
+    mfs = float(raw_mfs) if isinstance(raw_mfs, (int, float)) and 0 < raw_mfs <= 1 else None
+    mfs_source = inputs.mfs_origin if mfs is not None else ""
     empty = Budget(mfs, mfs_source, pre, post, post_source, None, None, cell, cell_source,
-                   None, None, None, logged, "unknown", "", draft_first, ())
-    if pre is None or post is None:
+                   None, None, None, logged, "unknown", "", draft_first, (), era.hint)
+    if pre is None or post is None or pre <= 0:
         return _replace(empty, explanation="the log lacks 'Load weight begin/end' free-memory lines")
-
     if mfs is None:
         if logged is None or cell is None:
             return _replace(empty, explanation="no server_args line and no KV pool line: "
@@ -143,21 +225,27 @@ def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_
                         explanation="bytes per token unknown (no KV pool line, no --model-config)")
     rest_lo = (post - HALF) - (pre + HALF) * slack - mamba - mm_reserve
     rest_hi = (post + HALF) - (pre - HALF) * slack - mamba - mm_reserve
-    pred = math.floor(rest / cell)
-    lo = math.floor(rest_lo / (cell_hi or cell))
-    hi = math.floor(rest_hi / (cell_lo or cell))
-    steps.append("tokens = floor(rest / {} B per token) = {:,}".format(cell, pred))
+    cells = (cell, cell_lo or cell, cell_hi or cell)
+    if draft_first and era.at_least(DRAFT_IN_BUDGET):
+        scaled = _draft_scaled_cell(cells, rest_lo, rest_hi, logged, inputs.target_layers, steps)
+        if scaled is None:
+            ratio = "" if not logged else " (the log implies ≈ 1 + 1/{:.1f})".format(
+                1 / max(1e-9, rest / logged / cell - 1)) if rest / logged > cell else ""
+            return _replace(empty, reserve_bytes=reserve, rest_bytes=rest, steps=tuple(steps), explanation=(
+                "0.5.14+ divides by the target's bytes per token × (1 + draft layers / target layers); the "
+                "target's layer count comes from --model-config{}".format(ratio)))
+        cells = scaled
+    cell_mid, cell_lo_, cell_hi_ = cells
+    pred = math.floor(rest / cell_mid)
+    lo = math.floor(rest_lo / cell_hi_)
+    hi = math.floor(rest_hi / cell_lo_)
+    steps.append("tokens = floor(rest / {} B per token) = {:,}".format(cell_mid, pred))
+    profiled = pred
 
     notes: List[str] = []
-    algo = args.get("speculative_algorithm")
-    if algo not in (None, "None", "NGRAM") and era.at_least((0, 4, 4)) and era.at_most((0, 5, 6)):
-        steps_, topk, draft = (args.get("speculative_num_steps"), args.get("speculative_eagle_topk"),
-                               args.get("speculative_num_draft_tokens"))
-        if all(isinstance(x, int) for x in (steps_, topk, draft)) and rows:
-            extra = rows * (steps_ * topk) + rows * draft + 100
-            pred, lo, hi = pred + extra, lo + extra, hi + extra
-            steps.append("+ speculative headroom {} × ({}×{}) + {} × {} + 100 = {:,} (≤0.5.6)".format(
-                rows, steps_, topk, rows, draft, extra))
+    extra = _eagle_headroom(era, args, profiled, inputs.context_len, steps)
+    if extra:
+        pred, lo, hi = pred + extra, lo + extra, hi + extra
     cap = args.get("max_total_tokens")
     if isinstance(cap, int) and cap > 0 and cap < pred:
         pred, lo, hi = cap, min(lo, cap), min(hi, cap)
@@ -166,8 +254,8 @@ def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_
     if page_size > 1:
         pred, lo, hi = (x // page_size * page_size for x in (pred, lo, hi))
         steps.append("rounded down to page_size {} = {:,}".format(page_size, pred))
-    result = Budget(mfs, mfs_source, pre, post, post_source, reserve, rest, cell, cell_source,
-                    pred, lo, hi, logged, "unknown", "", draft_first, tuple(steps))
+    result = Budget(mfs, mfs_source, pre, post, post_source, reserve, rest, cell_mid, cell_source,
+                    pred, lo, hi, logged, "unknown", "", draft_first, tuple(steps), era.hint, profiled)
     if logged is None:
         return _replace(result, explanation="no 'KV Cache is allocated' line with #tokens to check against")
     if lo <= logged <= hi:
@@ -175,13 +263,99 @@ def compute(era: Era, args: Dict[str, Any], ranks: Tuple[RankLedger, ...], page_
         if notes:
             return _replace(result, verdict="explained", explanation="; ".join(notes + [why]))
         return _replace(result, verdict="agrees", explanation=why)
-    return _replace(result, verdict="differs", explanation=_differs(logged, lo, hi, cell, ranks))
+    return _replace(result, verdict="differs", explanation=_differs(logged, lo, hi, cell_mid, ranks))
+
+
+def post_capture_check(b: Budget, final_tokens: int, final_avail: Optional[int], mm_reserve: int,
+                       source: str) -> Budget:
+    """0.5.16+ (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING; never for MLA): after CUDA-graph capture SGLang
+    re-sizes the pool from the memory then free: budget = max(0, free − pre × (1 − f) [− multimodal])
+    + the bytes already backed, capped at the pre-capture count (kv_pool_runtime.py
+    compute_post_capture_kv_resize). So unless the cap binds, what stays free afterwards is the
+    reserve: the check is avail mem after the re-size ≈ reserve, within one token's bytes and the
+    print rounding. The backed bytes are not logged, so the count itself is not recomputed."""
+    pre_capture = b.logged_tokens
+    step = "after capture the pool was re-sized to {:,} tokens ({})".format(final_tokens, source)
+    if b.reserve_bytes is None:
+        return _replace(b, steps=b.steps + (step,))
+    if pre_capture is not None and final_tokens >= pre_capture:
+        note = "post-capture re-sizing kept the pre-capture count {:,} (its cap)".format(pre_capture)
+    elif final_avail is None:
+        note = "post-capture re-sizing to {:,} tokens: the line gives no free figure to check it".format(final_tokens)
+    else:
+        expected = b.reserve_bytes + mm_reserve
+        slack = (b.cell_bytes or 0) * 64 + 2 * HALF  # a page of tokens and the print rounding
+        gap = final_avail - expected
+        if abs(gap) <= slack:
+            note = "post-capture re-sizing left {:.2f} GiB free, the reserve ({:.2f} GiB): agrees".format(
+                final_avail / GIB, expected / GIB)
+        else:
+            note = ("post-capture re-sizing left {:.2f} GiB free where SGLang keeps the reserve {:.2f} GiB "
+                    "({:+.2f} GiB)").format(final_avail / GIB, expected / GIB, gap / GIB)
+    return _replace(b, steps=b.steps + (step,), explanation="; ".join(x for x in (b.explanation, note) if x))
+
+
+def _eagle_headroom(era: Era, args: Dict[str, Any], profiled: int, context_len: Optional[int],
+                    steps: List[str]) -> int:
+    """0.4.3.post4–0.5.6: an EAGLE-family target pool holds R × steps × topk + R × draft tokens + 100
+    more than profiled, before the cap and page rounding (model_runner.py init_memory_pool); R is
+    --max-running-requests, else the default from the profiled T. 0.4.2–0.4.3 grew only the draft's
+    pool; 0.5.7+ adds nothing."""
+    if str(args.get("speculative_algorithm")).upper() not in EAGLE_FAMILY:
+        return 0
+    if not (era.at_least(HEADROOM[0]) and era.at_most(HEADROOM[1])):
+        return 0
+    n_steps, topk, draft = (args.get("speculative_num_steps"), args.get("speculative_eagle_topk"),
+                            args.get("speculative_num_draft_tokens"))
+    if not all(isinstance(x, int) and x >= 0 for x in (n_steps, topk, draft)):
+        steps.append("speculative headroom (0.4.4–0.5.6) unknown: server_args lacks the speculative step counts")
+        return 0
+    user = args.get("max_running_requests")
+    if isinstance(user, int) and user > 0:
+        r, why = user, "--max-running-requests"
+    elif context_len:
+        r, why = default_max_num_reqs(era, profiled, context_len), "default max_num_reqs"
+    else:
+        steps.append("speculative headroom (0.4.4–0.5.6) unknown: no context_len for the default max_num_reqs")
+        return 0
+    extra = r * n_steps * topk + r * draft + 100
+    steps.append("+ speculative headroom {} ({}) × {} steps × topk {} + {} × {} draft tokens + 100 = {:,} "
+                 "(0.4.4–0.5.6)".format(r, why, n_steps, topk, r, draft, extra))
+    return extra
+
+
+def _draft_scaled_cell(cells: Tuple[float, float, float], rest_lo: float, rest_hi: float, logged: Optional[int],
+                       target_layers: Optional[int], steps: List[str]) -> Optional[Tuple[int, float, float]]:
+    """0.5.14+: bytes per token = int(target cell × (1 + draft layers / target layers))
+    (pool_configurator.py DefaultPoolConfigurator.__init__), whatever the draft's own geometry (an
+    MHA EAGLE-3 draft of an MLA target is budgeted at the target's per-layer size). The draft's
+    layer count is tried from 1 to MAX_DRAFT_LAYERS; the one the logged pool fits is reported."""
+    if not target_layers:
+        return None
+    cell, cell_lo, cell_hi = cells
+    best = None
+    for d in range(1, MAX_DRAFT_LAYERS + 1):
+        scale = 1 + d / target_layers
+        mid, lo, hi = int(cell * scale), cell_lo * scale, cell_hi * scale
+        fits = logged is not None and math.floor(rest_lo / hi) <= logged <= math.floor(rest_hi / lo)
+        if best is None or fits:
+            best = (d, (mid, lo, hi))
+        if fits:
+            break
+    assert best is not None
+    d, scaled = best
+    steps.append("bytes per token = int({} × (1 + {} draft layer(s) / {} target layers)) = {} (0.5.14+: the draft's "
+                 "KV is budgeted at the target's per-layer size)".format(int(cell), d, target_layers, scaled[0]))
+    return scaled
 
 
 def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
           from_config: Optional[int], config_formula: str, swa_full_tokens: Optional[int] = None
           ) -> Tuple[Optional[int], Optional[float], Optional[float], str]:
-    """Bytes per token the budget is divided by, and its uncertainty when taken from the log."""
+    """The target's bytes per token, and its uncertainty when taken from the log (the pool has
+    #tokens + page_size rows, memory_pool.py). The 0.5.14+ draft scaling is applied by the caller."""
+    if from_config is not None:
+        return from_config, None, None, "--model-config: " + config_formula
     for r in ranks:
         t = r.target
         if t.kv_tokens is None or t.kv_bytes is None:
@@ -193,25 +367,8 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
             return (int(round(kv / rows)), (kv - half) / rows, (kv + half) / rows,
                     "all KV pools' bytes / (full-attention tokens + page_size) from the log (hybrid SWA)")
         rows = t.kv_tokens + page_size
-        kv_bytes = t.kv_bytes
-        n_pools = 1
-        if draft_in_budget and r.draft is not None and r.draft.kv_bytes is not None:
-            kv_bytes += r.draft.kv_bytes
-            n_pools += 1
-        if from_config is not None:
-            if n_pools > 1:  # the draft's share still comes from its logged pool
-                draft = r.draft.kv_bytes  # type: ignore[union-attr]
-                return (from_config + int(round(draft / rows)), from_config + (draft - HALF) / rows,
-                        from_config + (draft + HALF) / rows,
-                        "--model-config: {} + the draft's logged KV per token (in the budget since 0.5.14)".format(
-                            config_formula))
-            return from_config, None, None, "--model-config: " + config_formula
-        half = HALF * n_pools
-        return (int(round(kv_bytes / rows)), (kv_bytes - half) / rows, (kv_bytes + half) / rows,
-                "KV size / (#tokens + page_size) from the log{}".format(
-                    " (target + draft pools: the draft is in the budget since 0.5.14)" if n_pools > 1 else ""))
-    if from_config is not None:
-        return from_config, None, None, "--model-config: " + config_formula
+        return (int(round(t.kv_bytes / rows)), (t.kv_bytes - HALF) / rows, (t.kv_bytes + HALF) / rows,
+                "the target's KV size / (#tokens + page_size) from the log")
     return None, None, None, ""
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from agent.sglang.era import NEWEST, Era
+
 # torch element sizes for --kv-cache-dtype (fp4 packs two values per byte; scales added below)
 _ELEM = {"bf16": 2.0, "bfloat16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
          "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "mxfp8": 1.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0,
@@ -59,38 +61,71 @@ def _need(cfg: Dict[str, Any], key: str) -> int:
 
 
 def geometry(cfg: Dict[str, Any], attn_tp: int = 1, kv_cache_dtype: Optional[str] = None,
-             layers: Optional[int] = None) -> KvGeometry:
-    """Per-rank KV bytes per token. ``layers`` overrides the layer count (PP stage, draft)."""
+             layers: Optional[int] = None, era: Optional[Era] = None, nsa_backend: Optional[str] = None,
+             pp_size: int = 1) -> KvGeometry:
+    """Per-rank KV bytes per token under the release rules of ``era`` (default: the newest).
+    ``layers`` overrides the layer count (a draft); with pipeline parallelism the budget counts the
+    stage's layers from 0.4.6.post5 (the largest stage binds: SGLang takes the MIN of T over stages).
+    Sources: profile_max_num_token (≤0.5.6), get_cell_size_per_token (0.5.7–0.5.10),
+    DefaultPoolConfigurator._compute_cell_size (0.5.11+) — sglang_source_facts §5."""
+    era = era or Era(NEWEST, NEWEST, ())
     lm = text_config(cfg)
     dtype = resolve_dtype(kv_cache_dtype, cfg)
     if dtype not in _ELEM:
         raise GeometryError("unknown KV cache dtype '{}'".format(dtype))
     elem = _ELEM[dtype]
     n_layers = layers or _need(lm, "num_hidden_layers")
+    if layers is None and pp_size > 1 and era.at_least((0, 4, 7)):
+        n_layers = -(-n_layers // pp_size)
     if "kv_lora_rank" in lm:
-        latent = _need(lm, "kv_lora_rank")
-        rope = _need(lm, "qk_rope_head_dim")
-        index_dim = lm.get("index_head_dim")
-        if index_dim and elem == 1.0:
-            per_layer = latent + latent // 128 * 4 + rope * 2
-            indexer = index_dim + index_dim // 128 * 4
-            total = (per_layer + indexer) * n_layers
-            return KvGeometry("nsa", n_layers, total, dtype,
-                              "({} + {}/128×4 + {}×2 + indexer {}) × {} layers".format(
-                                  latent, latent, rope, indexer, n_layers))
-        base = int((latent + rope) * n_layers * elem)
-        if elem == 0.5:  # fp4: one scale byte per 16 values
-            base += ((latent + rope) // 16) * n_layers
-        return KvGeometry("mla", n_layers, base, dtype, "({} + {}) × {} layers × {:g} B".format(
-            latent, rope, n_layers, elem))
+        return _mla(lm, n_layers, dtype, elem, era, nsa_backend)
+    return _mha(lm, n_layers, dtype, elem, era, attn_tp)
+
+
+def _mla(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era,
+         nsa_backend: Optional[str]) -> KvGeometry:
+    latent = _need(lm, "kv_lora_rank")
+    rope = _need(lm, "qk_rope_head_dim")
+    index_dim = lm.get("index_head_dim")
+    if isinstance(index_dim, int) and index_dim > 0:
+        # NSA/DSA (DeepSeek-V3.2): fp8 KV is stored as 512 fp8 + 16 scale bytes + 64 bf16 rope = 656 B per
+        # layer in the budget from 0.5.17, except with the trtllm DSA backend (576 × elem before, and
+        # without fp8); the indexer's uint8 keys (+ scales) are in the cell from 0.5.4.
+        if elem == 1.0 and era.at_least((0, 5, 17)) and nsa_backend != "trtllm":
+            per_layer, how = latent + latent // 128 * 4 + rope * 2, "({} + {}/128×4 + {}×2)".format(latent, latent, rope)
+        else:
+            per_layer, how = int((latent + rope) * elem), "({} + {}) × {:g} B".format(latent, rope, elem)
+        indexer = index_dim + index_dim // 128 * 4 if era.at_least((0, 5, 4)) else 0
+        return KvGeometry("nsa", n_layers, (per_layer + indexer) * n_layers, dtype,
+                          "({}{}) × {} layers".format(how, " + indexer {}".format(indexer) if indexer else "", n_layers))
+    base = int((latent + rope) * n_layers * elem)
+    if elem == 0.5:  # fp4: one scale byte per 16 values
+        base += ((latent + rope) // 16) * n_layers
+    return KvGeometry("mla", n_layers, base, dtype, "({} + {}) × {} layers × {:g} B".format(
+        latent, rope, n_layers, elem))
+
+
+def _mha(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era, attn_tp: int) -> KvGeometry:
     heads = _need(lm, "num_attention_heads")
     kv_heads = lm.get("num_key_value_heads") or heads
     head_dim = lm.get("head_dim") or _need(lm, "hidden_size") // heads
-    v_head_dim = lm.get("v_head_dim") or head_dim
+    # v_head_dim counts from 0.5.7; before, K and V were both head_dim wide.
+    v_head_dim = (lm.get("v_head_dim") or head_dim) if era.at_least((0, 5, 7)) else head_dim
     per_rank = max(1, int(kv_heads) // max(1, attn_tp))
-    base = int(per_rank * (head_dim + v_head_dim) * n_layers * elem)
+    width = per_rank * (head_dim + v_head_dim) * n_layers
+    formula = "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(
+        kv_heads, attn_tp, head_dim, v_head_dim, n_layers, elem)
     if elem == 0.5:
-        base += (per_rank * head_dim * n_layers * 2 * 2) // 16
-    return KvGeometry("mha", n_layers, base, dtype,
-                      "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(
-                          kv_heads, attn_tp, head_dim, v_head_dim, n_layers, elem))
+        # fp4 (0.5.5+): packed values, one scale byte per 16 K values and 16 V values, and from 0.5.16 a
+        # shared dequant workspace of one layer's K+V.
+        base = width // 2 + (per_rank * head_dim * n_layers * 2) // 16
+        formula += " + scales {}".format((per_rank * head_dim * n_layers * 2) // 16)
+        if era.at_least((0, 5, 16)):
+            base += per_rank * head_dim * 2
+            formula += " + dequant workspace {}".format(per_rank * head_dim * 2)
+        return KvGeometry("mha", n_layers, base, dtype, formula)
+    base = int(width * elem)
+    if dtype == "mxfp8":  # 0.5.16+: one e8m0 scale per 32 values
+        base += width // 32
+        formula += " + scales {}".format(width // 32)
+    return KvGeometry("mha", n_layers, base, dtype, formula)

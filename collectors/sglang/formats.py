@@ -211,8 +211,9 @@ def _kv_clues() -> Tuple:  # type: ignore[type-arg]
               always("0.4.4", "0.5.12", "'KV Cache is allocated. #tokens:' without dtype")),
         when(lambda d, t: d.get("layout") == "single" and d.get("tokens") is not None, "0.4.6", None,
              "MLA 'KV size' line"),
-        when(lambda d, t: bool(d.get("label")) or d.get("state") == "VA upper bound", "0.5.18", None,
-             "labelled / VA-upper-bound KV pool line"),
+        # Labelled pool lines ("Full "/"SWA ") from 0.5.17, "VA upper bound" from 0.5.18 (sglang_source_facts §7).
+        when(lambda d, t: bool(d.get("label")), "0.5.17", None, "labelled KV pool line"),
+        when(lambda d, t: d.get("state") == "VA upper bound", "0.5.18", None, "'KV Cache VA upper bound' line"),
     )
 
 
@@ -221,7 +222,7 @@ def _graph_clues(end: bool) -> Tuple:  # type: ignore[type-arg]
         return str(d.get("phase", ""))
 
     clues = [
-        first(when(_text_has("num_tokens_per_req"), "0.5.18", None, "'num_tokens_per_req' in graph line"),
+        first(when(_text_has("num_tokens_per_req"), "0.5.16", None, "'num_tokens_per_req' in graph line"),
               when(_text_has("num_tokens_per_bs"), "0.5.14", "0.5.15", "'num_tokens_per_bs' in graph line")),
         first(when(lambda d, t: phase(d).startswith(("target", "draft decode")) or "prefill" in phase(d),
                    "0.5.14", None, "'Capture target|draft decode|prefill … CUDA graph'"),
@@ -234,7 +235,8 @@ def _graph_clues(end: bool) -> Tuple:  # type: ignore[type-arg]
         clues.append(first(
             when(lambda d, t: timed(d, t) and d.get("used_bytes") is None, "0.4.0", "0.4.3",
                  "graph end without mem usage"),
-            when(lambda d, t: timed(d, t) and t.find("mem usage") < t.find("avail mem"), "0.4.7", "0.5.13",
+            # The order swapped in 0.4.6.post1 (counted as 0.4.6 here: versions carry no .postN).
+            when(lambda d, t: timed(d, t) and t.find("mem usage") < t.find("avail mem"), "0.4.6", "0.5.13",
                  "graph end 'mem usage' before 'avail mem'"),
             when(timed, "0.4.4", "0.4.6", "graph end 'avail mem' before 'mem usage'")))
     return tuple(clues)
@@ -247,7 +249,11 @@ def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywh
 FORMATS: Tuple[LineFormat, ...] = (
     # (a) distributed init: 0.2.15–0.3.0 "Init nccl begin.", 0.3.6–0.5.20 "Init torch distributed
     # begin.", 0.5.21+ "Init parallel begin."
-    _row("dist_begin", "dist_init_begin", " begin.", r"^Init (?:torch distributed|nccl|parallel) begin\.", _empty),
+    _row("dist_begin", "dist_init_begin", " begin.", r"^Init (?P<what>torch distributed|nccl|parallel) begin\.",
+         lambda m, msg: {"what": m.group("what")},
+         first(when(lambda d, t: d["what"] == "nccl", None, "0.3.3", "'Init nccl begin'"),
+               when(lambda d, t: d["what"] == "parallel", "0.5.21", None, "'Init parallel begin'"),
+               always("0.3.4", "0.5.20", "'Init torch distributed begin'"))),
     # 0.4.4–0.5.8 "ends. mem usage=…", 0.5.9–0.5.20 "ends. elapsed=… s, mem usage=…"
     _row("dist_end", "dist_init_end", "GB",
          r"^Init torch distributed ends\.(?: elapsed=" + _NUM + r" s,)? mem usage=(" + _NUM + r") GB", _used,
@@ -270,17 +276,28 @@ FORMATS: Tuple[LineFormat, ...] = (
          always("0.5.3", "0.5.12", "'Using KV cache dtype'")),  # rank 0 only
     _row("swa_split", "swa_split", "indow memory pool",
          r"^Use [Ss]liding window memory pool(?P<all> \(all SWA\))?\. "
-         r"(?:full_layer_tokens=(?P<full>\d+), )?swa_layer_tokens=(?P<swa>\d+)", _swa_split),
+         r"(?:full_layer_tokens=(?P<full>\d+), )?swa_layer_tokens=(?P<swa>\d+)", _swa_split,
+         first(when(_text_has("(all SWA)"), "0.5.9", None, "'sliding window memory pool (all SWA)'"),
+               when(_text_has("Use Sliding"), "0.4.10", "0.5.6", "'Use Sliding window memory pool'"),
+               always("0.5.7", None, "'Use sliding window memory pool'"))),
     _row("swa_pool", "swa_pool", "GB", r"^SWAKVPool mem usage: (" + _NUM + r") GB, swa size: (\d+), full size: (\d+)",
-         _swa_pool),
+         _swa_pool, always("0.5.4", "0.5.17", "'SWAKVPool mem usage'")),
+    _row("post_capture_sizing", "post_capture_sizing", "GB",
+         r"^Post-capture KV sizing: max_total_num_tokens=(?P<tokens>\d+), free memory=(?P<free>" + _NUM + r") GB",
+         lambda m, msg: {"tokens": int(m.group("tokens")), "free_bytes": _gib(m.group("free"))},
+         always("0.5.16", "0.5.16", "'Post-capture KV sizing: max_total_num_tokens='")),
     _row("post_capture_kv", "post_capture_kv", "GB",
          r"^Post-capture KV sizing: (?P<draft>draft )?KV cache allocated\. dtype: (?P<dtype>[^,]+), "
          r"#tokens: (?P<tokens>\d+), KV size: (?P<kv>" + _NUM + r") GB(?:, avail mem=(?P<avail>" + _NUM + r") GB)?",
-         _post_capture),
+         _post_capture,
+         first(when(lambda d, t: bool(d.get("draft")), "0.5.22", None, "'Post-capture KV sizing: draft KV cache'"),
+               always("0.5.17", None, "'Post-capture KV sizing: KV cache allocated'"))),
     _row("mamba_pool", "mamba_pool", "GB",
          r"^Mamba Cache is allocated\. (?:max_mamba_cache_size: (?P<n>\d+), )?"
          r"conv_state size: (?P<conv>" + _NUM + r") ?GB, ssm_state size: (?P<ssm>" + _NUM + r") ?GB", _mamba,
-         always("0.5.3", None, "'Mamba Cache is allocated'")),
+         first(when(lambda d, t: d.get("max_size") is not None, "0.5.4", None,
+                    "'Mamba Cache is allocated. max_mamba_cache_size'"),
+               always("0.5.2", "0.5.3", "'Mamba Cache is allocated' without max_mamba_cache_size"))),
     _row("pool_end", "pool_end", "GB", r"^Memory pool end\. avail mem=(" + _NUM + r") GB", _avail),
     # (e)/(f) graphs: "Capture cuda graph begin", "Capture draft extend cuda graph begin (step 1)",
     # "Capture piecewise CUDA graph end", "Capture target verify CUDA graph begin. backend=…".
@@ -321,7 +338,8 @@ FORMATS: Tuple[LineFormat, ...] = (
     # Failures: SGLang raises these inside exception text, so search anywhere. Specific causes
     # first (the message strings of each release: sglang_source_facts §8), generic ones last.
     _row("negative_profile", "failure", "profiled value",
-         r"max_total_tokens=(\d+) is larger than the profiled value (-\d+|0)\b", _negative_profile, anywhere=True),
+         r"max_total_tokens=(\d+) is larger than the profiled value (-\d+|0)\b", _negative_profile,
+         always(None, "0.5.10", "a negative profiled token count (0.5.11+ stops before printing it)"), anywhere=True),
     _row("not_enough_memory", "failure", "Not enough memory",
          r"Not enough memory\. Please try to increase --mem-fraction-static", _cause("not_enough_memory"),
          anywhere=True),
@@ -347,8 +365,10 @@ FORMATS: Tuple[LineFormat, ...] = (
     _row("cuda_error", "failure", "CUDA Error", r"^CUDA Error: (?!out of memory)", _cause("cuda_error")),
     _row("nccl", "failure", "NCCL", r"NCCL error|nccl(?:UnhandledCuda|System|Internal|InvalidUsage)Error",
          _cause("nccl_error"), anywhere=True),
-    _row("scheduler_died", "failure", "scheduler", r"Rank (\d+) scheduler (?:is dead|died during initialization)",
-         _cause("scheduler_died"), anywhere=True),
+    _row("scheduler_died", "failure", "scheduler", r"Rank (\d+) scheduler (?P<how>is dead|died during initialization)",
+         _cause("scheduler_died"),
+         first(when(_text_has("is dead"), "0.4.2", "0.5.9", "'Rank N scheduler is dead'"),
+               always("0.5.10", None, "'Rank N scheduler died during initialization'")), anywhere=True),
     _row("process_exception", "failure", " hit an exception",
          r"(\w+) hit an exception", _process_exception, anywhere=True),
     _row("process_exception_old", "failure", "Exception in ",
