@@ -1,10 +1,8 @@
 """What the commands share: the options several of them take, those options' checks, and how a
 bad value is reported.
 
-Each shared option is declared once here as an ``Annotated`` alias (name, type and help) and a
-command takes it as ``margin: Margin = MARGIN_GIB``. Where today's commands word an option's
-help differently, the variants sit side by side (named after the command that words it its own
-way) so that agreeing on one wording is a one-line change; until then ``--help`` stays as it was.
+Each shared option is declared once here as an ``Annotated`` alias (name, type and help, one
+wording for every command) and a command takes it as ``margin: Margin = MARGIN_GIB``.
 
 Checks raise ``UsageProblem`` (exit 2 with one line, in ``main()``). Heavy modules are imported
 inside the checks so ``--help`` stays fast.
@@ -34,33 +32,22 @@ FAIL_ON = "warning"
 # The analysis: analyze, inspect and record.
 Margin = Annotated[float, typer.Option("--margin", help="GiB to keep free for runtime activations when sizing recommendations.")]
 RequestTokens = Annotated[int, typer.Option("--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates.")]
-RecordRequestTokens = Annotated[int, typer.Option("--request-tokens", help="Tokens per request for concurrency estimates.")]
-AnalyzeModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json (or the model directory) to compute bytes per token from the architecture.")]
-InspectModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json or model directory (default: from --model-path).")]
-RecordModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json or model directory.")]
-AnalyzeStartup = Annotated[int, typer.Option("--startup", help="Which startup: 1 = first in the file, -1 = last, -2 = the one before.")]
-InspectStartup = Annotated[int, typer.Option("--startup", help="Which startup in the log: 1 = first, -1 = last.")]
+ModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json or the model directory, to compute bytes per token from the architecture (live: default from --model-path).")]
+Startup = Annotated[int, typer.Option("--startup", help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
 
 # The report: analyze and inspect.
 ReportJson = Annotated[bool, typer.Option("--json", help="Print the JSON report (schema kvforensics.report/1).")]
 FailOn = Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never.")]
 Color = Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force colour on or off (default: on for a terminal).")]
-ColorShortHelp = Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force colour on or off.")]  # history, watch
 
 # Collecting from a node: inspect, record and watch.
-NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib", help="Load libnvidia-ml.so.1 from this path.")]  # record, watch
-InspectNvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path (on the inspected host).")]
-Http = Annotated[bool, typer.Option("--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics.")]  # inspect, record
-WatchHttp = Annotated[bool, typer.Option("--http/--no-http", help="Ask the engine's loopback HTTP API for KV usage.")]
-InspectLog = Annotated[Optional[str], typer.Option("--log", help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found from the process).")]
-RecordLog = Annotated[Optional[str], typer.Option("--log", help="The engine's log: PATH, journal:UNIT or docker:NAME.")]
-InspectEngine = Annotated[Optional[int], typer.Option("--engine", help="Port of the SGLang server to explain when a node runs several (default: the one holding most GPU memory).")]
-RecordEngine = Annotated[Optional[int], typer.Option("--engine", help="Port of the SGLang server to record when a node runs several.")]
+NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path (on the inspected host).")]
+Http = Annotated[bool, typer.Option("--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics (KV usage, load).")]
+Log = Annotated[Optional[str], typer.Option("--log", help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found from the process).")]
+Engine = Annotated[Optional[int], typer.Option("--engine", help="Port of the SGLang server to explain when a node runs several (default: the one holding most GPU memory).")]
 
-# The history database: record writes it, inspect and history read it.
-RecordDb = Annotated[Optional[str], typer.Option("--db", help="History database (default $KVFORENSICS_DB, /var/lib/kvforensics/history.db as root, else ~/.local/state/kvforensics/history.db).")]
-InspectDb = Annotated[Optional[str], typer.Option("--db", help="History from kvforensics record, read for this node's recommendations (default as for record).")]
-HistoryDb = Annotated[Optional[str], typer.Option("--db", help="History database (default as for record).")]
+# The history database: record writes it, inspect, history and watch read it.
+Db = Annotated[Optional[str], typer.Option("--db", help="History database (default $KVFORENSICS_DB, /var/lib/kvforensics/history.db as root, else ~/.local/state/kvforensics/history.db).")]
 
 
 class UsageProblem(Exception):

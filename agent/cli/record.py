@@ -11,14 +11,14 @@ from agent import exitcodes
 from agent.cli.options import (
     MARGIN_GIB,
     REQUEST_TOKENS,
+    Db,
+    Engine,
     Http,
+    Log,
     Margin,
+    ModelConfig,
     NvmlLib,
-    RecordDb,
-    RecordEngine,
-    RecordLog,
-    RecordModelConfig,
-    RecordRequestTokens,
+    RequestTokens,
     UsageProblem,
     analysis_options,
     check_log_spec,
@@ -26,18 +26,18 @@ from agent.cli.options import (
 
 
 def record(
-    db: RecordDb = None,
+    db: Db = None,
     prom_file: Annotated[Optional[str], typer.Option("--prom-file", help="Write a Prometheus textfile here (atomically), for node_exporter's textfile collector.")] = None,
     samples: Annotated[int, typer.Option("--samples", help="Snapshots to take in this run.")] = 1,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between snapshots.")] = 10.0,
     keep: Annotated[Optional[str], typer.Option("--keep", help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps all.")] = "30d",
     margin: Margin = MARGIN_GIB,
-    request_tokens: RecordRequestTokens = REQUEST_TOKENS,
+    request_tokens: RequestTokens = REQUEST_TOKENS,
     nvml_lib: NvmlLib = None,
-    log: RecordLog = None,
-    model_config: RecordModelConfig = None,
+    log: Log = None,
+    model_config: ModelConfig = None,
     http: Http = True,
-    engine: RecordEngine = None,
+    engine: Engine = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""

@@ -7,15 +7,15 @@ from typing import Annotated
 
 import typer
 
-from agent.cli.options import ColorShortHelp, NvmlLib, UsageProblem, WatchHttp, use_color
+from agent.cli.options import Color, Http, NvmlLib, UsageProblem, use_color
 
 
 def watch(
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
     count: Annotated[int, typer.Option("--count", help="Stop after this many refreshes (0 = until Ctrl-C).")] = 0,
     nvml_lib: NvmlLib = None,
-    http: WatchHttp = True,
-    color: ColorShortHelp = None,
+    http: Http = True,
+    color: Color = None,
 ) -> None:
     """Live view: free memory per GPU with a sparkline, and the engine's KV usage. Ctrl-C leaves."""
     from agent import watch as watch_mod
