@@ -102,7 +102,8 @@ def open_db(path: str, create: bool = True) -> Opened:
         try:
             os.makedirs(folder, exist_ok=True)
         except OSError as exc:
-            raise HistoryError("cannot create {}: {} (use --db PATH or KVFORENSICS_DB)".format(folder, exc.strerror)) from None
+            raise HistoryError("cannot create {}: {} (use --db PATH or KVFORENSICS_DB)".format(folder,
+                                                                                               exc.strerror)) from None
     elif not os.path.exists(path):
         raise HistoryError("{}: no history yet (kvforensics record creates it)".format(path))
     if create and not os.access(folder, os.W_OK):
@@ -138,7 +139,8 @@ def open_db(path: str, create: bool = True) -> Opened:
 def _migrate(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
-        raise HistoryError("the history was written by a newer kvforensics (schema {} > {})".format(version, SCHEMA_VERSION))
+        raise HistoryError("the history was written by a newer kvforensics (schema {} > {})".format(version,
+                                                                                                    SCHEMA_VERSION))
     for step in range(version, SCHEMA_VERSION):
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -275,18 +277,22 @@ def run_stats(conn: sqlite3.Connection, run_id: int, since: Optional[float] = No
     if since is not None:
         where += " AND s.taken_at >= ?"
         args.append(since)
-    samples = conn.execute("SELECT COUNT(*) FROM samples s WHERE {} AND s.collected = 1".format(where), args).fetchone()[0]
+    samples = conn.execute("SELECT COUNT(*) FROM samples s WHERE {} AND s.collected = 1".format(where),
+                           args).fetchone()[0]
     gpus = []
     for row in conn.execute(
             "SELECT g.gpu, MAX(g.uuid), MAX(g.rank), COUNT(g.free_bytes), MIN(g.free_bytes), MAX(g.free_bytes) "
-            "FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} GROUP BY g.gpu ORDER BY g.gpu".format(where),
+            "FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} GROUP BY g.gpu ORDER BY "
+            "g.gpu".format(where),
             args):
         gpu = row[0]
-        at = conn.execute("SELECT s.taken_at FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND g.gpu = ? "
+        at = conn.execute("SELECT s.taken_at FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND "
+                          "g.gpu = ? "
                           "AND g.free_bytes = ? ORDER BY s.id LIMIT 1".format(where), args + [gpu, row[4]]).fetchone()
         last = conn.execute("SELECT g.free_bytes FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND "
                             "g.gpu = ? ORDER BY s.id DESC LIMIT 1".format(where), args + [gpu]).fetchone()
-        gpus.append(GpuLowWater(gpu, row[1], row[2], row[3], row[4], row[5], last[0] if last else None, at[0] if at else None))
+        gpus.append(GpuLowWater(gpu, row[1], row[2], row[3], row[4], row[5], last[0] if last else None,
+                                at[0] if at else None))
     eng = conn.execute("SELECT MAX(e.used_tokens), MAX(e.token_usage), MAX(e.kv_tokens) FROM engine_samples e "
                        "JOIN samples s ON s.id = e.sample_id WHERE {}".format(where), args).fetchone()
     return RunStats(run[0], run[1], run[2], run[3], run[4], run[5], samples, tuple(gpus),
@@ -297,7 +303,8 @@ def runs(conn: sqlite3.Connection, since: Optional[float] = None) -> List[int]:
     if since is None:
         return [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY first_seen")]
     return [r[0] for r in conn.execute(
-        "SELECT DISTINCT r.id FROM runs r JOIN samples s ON s.run_id = r.id WHERE s.taken_at >= ? ORDER BY r.first_seen",
+        "SELECT DISTINCT r.id FROM runs r JOIN samples s ON s.run_id = r.id WHERE s.taken_at >= ? ORDER BY "
+        "r.first_seen",
         (since,))]
 
 

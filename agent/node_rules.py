@@ -156,7 +156,8 @@ def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
         tokens = " ≈ {:,} more KV tokens per rank".format(spare // cell) if cell else ""
         low = h.gpu
         assert low is not None
-        yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(gib(spare), n),
+        yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(gib(spare),
+                                                                                                           n),
                       "{} ({} {}). SGLang sizes every rank alike, so the least free GPU is what can be given to the "
                       "KV pool. Minus the {} margin: {}{}.".format(h.how, low.rank, low.name or "", gib(margin),
                                                                    gib(spare), tokens),
@@ -332,7 +333,8 @@ def orphaned_gpu_memory(ctx: "Context") -> Iterator[Finding]:
                               "NVML still charges memory to a process /proc does not have: a leaked CUDA context "
                               "(find holders with `lsof /dev/nvidia*`), or a process in another PID namespace "
                               "when kvforensics runs inside a container.", p.used_bytes,
-                              ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index), "/proc/{}".format(p.pid)))
+                              ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index),
+                               "/proc/{}".format(p.pid)))
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,8 @@ def host_ram_offload(ctx: "Context") -> Iterator[Finding]:
                   "Host RAM could hold {:,} KV tokens per rank ({:.1f}× the GPU pool) as a HiCache tier".format(
                       off.tokens, ratio),
                   "{} host RAM available (MemAvailable{}), minus SGLang's 10 GiB host reserve, split over {} rank(s): "
-                  "{:.2f} GB each; --hicache-size {} (decimal GB, rounded down, as SGLang reads it) at {:,} B/token.{}".format(
+                  "{:.2f} GB each; --hicache-size {} (decimal GB, rounded down, as SGLang reads it) at {:,} "
+                  "B/token.{}".format(
                       gib(avail), ", cgroup-bounded" if insp.host_memory.cgroup_limit_bytes else "", off.ranks,
                       off.per_rank_bytes / 1e9, off.size_gb, a.budget.cell_bytes,
                       " HiCache is already enabled." if enabled else ""),

@@ -94,7 +94,8 @@ def _items(gpu: Gpu, processes: List[GpuProcess], led: Optional[RankLedger]) -> 
                                     "allocator cache, activations"))
         else:
             items.append(LedgerItem(ItemKind.ENGINE_PROCESS, rest, "nvmlDeviceGetComputeRunningProcesses"))
-    for owner, kind, source in ((Owner.OTHER_ENGINE, ItemKind.OTHER_ENGINES, "NVML process list: another server's schedulers"),
+    for owner, kind, source in ((Owner.OTHER_ENGINE, ItemKind.OTHER_ENGINES,
+                                 "NVML process list: another server's schedulers"),
                                 (Owner.FOREIGN, ItemKind.FOREIGN, "NVML process list"),
                                 (Owner.ORPHANED, ItemKind.ORPHANED, "NVML process list, absent from /proc")):
         if held[owner]:

@@ -94,7 +94,8 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
                 conn, key, now, host=snap.get("hostname"), engine=insp.engine,
                 started_at=None, version_hint=a.era.hint if a else None,
                 model=str(args.get("model_path")) if args.get("model_path") else None,
-                mem_fraction_static=a.budget.mfs if a else None, pre_load_free_bytes=a.budget.pre_min_bytes if a else None,
+                mem_fraction_static=a.budget.mfs if a else None,
+                pre_load_free_bytes=a.budget.pre_min_bytes if a else None,
                 bytes_per_token=a.budget.cell_bytes if a else None)
             gpus: List[Dict[str, Any]] = []
             for g in insp.gpus:

@@ -149,7 +149,8 @@ def check_host_key(spec: HostSpec, key: paramiko.PKey) -> Optional[str]:
     if spec.strict != "accept-new":
         raise SshError("host_key_refused", (
             "{} is not a known host ({} key {}). Check the fingerprint, then accept it with "
-            "--accept-new-host-keys (or StrictHostKeyChecking accept-new)").format(name, key.get_name(), fingerprint(key)))
+            "--accept-new-host-keys (or StrictHostKeyChecking accept-new)").format(name, key.get_name(),
+                                                                                   fingerprint(key)))
     path = os.path.expanduser(spec.known_hosts[0])
     record_host_key(path, name, key)
     return "recorded new host key for {} ({} {}) in {}".format(name, key.get_name(), fingerprint(key), path)
@@ -260,7 +261,8 @@ class Session:
                 pass
 
 
-def _open_transport(sock: object, spec: HostSpec, timeout: float, session: Session, interactive: bool) -> paramiko.Transport:
+def _open_transport(sock: object, spec: HostSpec, timeout: float, session: Session,
+                    interactive: bool) -> paramiko.Transport:
     t = paramiko.Transport(sock)
     session.transports.append(t)
     t.banner_timeout = timeout
@@ -269,7 +271,8 @@ def _open_transport(sock: object, spec: HostSpec, timeout: float, session: Sessi
     try:
         t.start_client(timeout=timeout)
     except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise SshError("unreachable", "{}: no SSH handshake ({})".format(spec.known_hosts_name, exc or type(exc).__name__)) from None
+        raise SshError("unreachable", "{}: no SSH handshake ({})".format(spec.known_hosts_name,
+                                                                         exc or type(exc).__name__)) from None
     if not t.is_active() or t.session_id is None:
         # start_client returns, without raising, when its timeout passes mid-handshake
         raise SshError("unreachable", "{}: no SSH handshake within {:.0f} s (the port accepts TCP but does not "

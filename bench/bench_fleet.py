@@ -49,11 +49,13 @@ def main() -> int:
         doc = None
         for _ in range(RUNS):
             t, proc = _timed([sys.executable, "-m", "agent", "inspect", "--ssh-config", str(cfg), "--parallel",
-                              str(PARALLEL), "--no-http", "--json", "--fail-on", "never", *aliases], env=env, cwd=str(ROOT))
+                              str(PARALLEL), "--no-http", "--json", "--fail-on", "never", *aliases], env=env,
+                              cwd=str(ROOT))
             assert proc.returncode == 0, proc.stderr[-2000:]
             doc = json.loads(proc.stdout)
             kvf_times.append(t)
-            t, proc = _timed(["xargs", "-P", str(PARALLEL), "-I{}", "ssh", "-F", str(cfg), "{}", "python3", "-c", "pass"],
+            t, proc = _timed(["xargs", "-P", str(PARALLEL), "-I{}", "ssh", "-F", str(cfg), "{}", "python3", "-c",
+                              "pass"],
                              input="\n".join(aliases) + "\n", env=env)
             assert proc.returncode == 0, proc.stderr[-2000:]
             ssh_times.append(t)
@@ -67,7 +69,8 @@ def main() -> int:
     kvf, peer = min(kvf_times), min(ssh_times)
     append("fleet over SSH", [
         "| {} loopback targets, {} at a time | time | ratio |".format(HOSTS, PARALLEL), "|---|---|---|",
-        "| `kvforensics inspect --parallel {} --json` (probe runs every collector) | {:.2f} s | {:.2f} |".format(PARALLEL, kvf, kvf / peer),
+        "| `kvforensics inspect --parallel {} --json` (probe runs every collector) | {:.2f} s | {:.2f} "
+        "|".format(PARALLEL, kvf, kvf / peer),
         "| `xargs -P {} ssh HOST python3 -c pass` (OpenSSH) | {:.2f} s | 1.00 |".format(PARALLEL, peer),
         "", "Per host: one exec round trip, {:,} bytes sent (the probe: collectors + pynvml, zipped, base64). "
         "Best of {} runs; sshd and both clients share the same 2 cores. This host has no NVIDIA driver, so the "

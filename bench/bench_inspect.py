@@ -25,15 +25,18 @@ def main() -> int:
     kvf = [sys.executable, "-m", "agent"]
     with FakeNode(Path(tempfile.mkdtemp(prefix="kvf-bench-node-"))) as node:
         os.environ["FAKE_NVML_SCENARIO"] = str(node.scenario)
-        inspect_t, rss, rc = best(kvf + ["inspect", "--json", "--nvml-lib", str(lib), "--no-http", "--fail-on", "never"], RUNS)
+        inspect_t, rss, rc = best(kvf + ["inspect", "--json", "--nvml-lib", str(lib), "--no-http", "--fail-on",
+                                         "never"], RUNS)
         assert rc == 0, "inspect failed"
         ps_t, _, _ = best(["ps", "-e", "-o", "pid,args"], RUNS)
     help_t, _, _ = best(kvf + ["--help"], RUNS)
     py_t, _, _ = best([sys.executable, "-c", "pass"], RUNS)
     append("inspect", [
         "| command | time | peer | peer time | ratio |", "|---|---|---|---|---|",
-        "| `kvforensics inspect --json` (8-GPU fake node, real processes, seed log) | {:.3f} s | `ps -e -o pid,args` | {:.3f} s | {:.1f} |".format(inspect_t, ps_t, inspect_t / ps_t),
-        "| `kvforensics --help` | {:.3f} s | `python3 -c pass` | {:.3f} s | {:.1f} |".format(help_t, py_t, help_t / py_t),
+        "| `kvforensics inspect --json` (8-GPU fake node, real processes, seed log) | {:.3f} s | `ps -e -o pid,args` | "
+        "{:.3f} s | {:.1f} |".format(inspect_t, ps_t, inspect_t / ps_t),
+        "| `kvforensics --help` | {:.3f} s | `python3 -c pass` | {:.3f} s | {:.1f} |".format(help_t, py_t,
+                                                                                             help_t / py_t),
         "", "Peak RSS of inspect: {:.0f} MB. Best of {} runs.".format(rss / 1e6, RUNS)])
     return 0
 

@@ -41,7 +41,8 @@ def main() -> int:
     brss, bcpu = max(r[0] for r in base), min(r[1] for r in base)
     append("record footprint", [
         "| one run on the 8-GPU fake node | peak RSS | CPU time (user + sys) |", "|---|---|---|",
-        "| `kvforensics record --prom-file …` (1 sample, SQLite + textfile) | {:.0f} MB | {:.3f} s |".format(rss / 1e6, cpu),
+        "| `kvforensics record --prom-file …` (1 sample, SQLite + textfile) | {:.0f} MB | {:.3f} s "
+        "|".format(rss / 1e6, cpu),
         "| `python3 -c pass` | {:.0f} MB | {:.3f} s |".format(brss / 1e6, bcpu),
         "", "Ratio of CPU time: {:.1f}. Max RSS over {} runs, min CPU over {} runs.".format(cpu / bcpu, RUNS, RUNS)])
     return 0

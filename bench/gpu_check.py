@@ -63,8 +63,10 @@ def main() -> int:
         index, total, used, free, reserved = (int(float(x)) for x in row)
         g = section["gpus"][index]
         mine = {k: (g[k + "_bytes"] or 0) / MIB for k in ("total", "used", "free", "reserved")}
-        print("GPU {}: nvidia-smi total/used/free/reserved MiB = {}/{}/{}/{}; collector = {:.1f}/{:.1f}/{:.1f}/{:.1f} ({})".format(
-            index, total, used, free, reserved, mine["total"], mine["used"], mine["free"], mine["reserved"], g["memory_api"]))
+        print("GPU {}: nvidia-smi total/used/free/reserved MiB = {}/{}/{}/{}; collector = {:.1f}/{:.1f}/{:.1f}/{:.1f} "
+              "({})".format(
+            index, total, used, free, reserved, mine["total"], mine["used"], mine["free"], mine["reserved"],
+            g["memory_api"]))
         if int(mine["total"]) != total:
             failures.append("GPU {} total {} MiB vs nvidia-smi {}".format(index, mine["total"], total))
         for key, theirs in (("used", used), ("free", free), ("reserved", reserved)):
@@ -77,7 +79,8 @@ def main() -> int:
     if held is None:
         failures.append("holder PID {} not in the collector's process list (PID namespace?)".format(holder.pid))
     elif (held["used_bytes"] or 0) < ALLOC_BYTES:
-        failures.append("holder uses {} B per NVML, less than the {} B allocated".format(held["used_bytes"], ALLOC_BYTES))
+        failures.append("holder uses {} B per NVML, less than the {} B allocated".format(held["used_bytes"],
+                                                                                         ALLOC_BYTES))
     gap = abs((section["gpus"][0]["free_bytes"] or 0) - torch_view["free"]) / MIB
     print("free on GPU 0: collector vs torch.cuda.mem_get_info differ by {:.1f} MiB".format(gap))
     if gap > 64:

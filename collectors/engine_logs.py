@@ -63,7 +63,8 @@ def spec_for(server: Optional[Dict[str, Any]]) -> Tuple[Optional[Tuple[str, str]
     if container and container.get("runtime") == "docker":
         return ("docker", container["id"][:12]), None
     if not out:
-        return None, "cannot see where PID {} writes (its /proc/PID/fd is not readable: run as its user or root)".format(server["pid"])
+        return None, ("cannot see where PID {} writes (its /proc/PID/fd is not readable: run as its user or "
+                      "root)").format(server["pid"])
     return None, "PID {} writes to a {} and runs outside systemd and docker: pass --log".format(server["pid"], out)
 
 
@@ -120,7 +121,8 @@ def _journal(unit: str) -> Tuple[List[Startup], List[str]]:
     proc.kill()
     proc.wait()
     if proc.returncode not in (0, -9, None) and not kept:
-        raise LogReadError("unreadable", "journal:{}: journalctl failed (are you in the systemd-journal group?)".format(unit))
+        raise LogReadError("unreadable",
+                           "journal:{}: journalctl failed (are you in the systemd-journal group?)".format(unit))
     # Read newest first: renumber so line 1 is the oldest line read (the startup's server_args).
     lines = [(count - n + 1, count - n, raw) for n, raw in reversed(kept)]
     notes.append("journal:{}: line numbers count from the first journal line read (this invocation's "
@@ -140,7 +142,8 @@ def _docker(name: str) -> Tuple[List[Startup], List[str]]:
     proc.wait()
     if proc.returncode and not lines:
         raise LogReadError("unreadable", "docker:{}: docker logs failed (exit {})".format(name, proc.returncode))
-    return segment_lines(lines), ["docker logs: line numbers count from the first of the last {:,} lines".format(MAX_STREAM_LINES)]
+    return segment_lines(lines), ["docker logs: line numbers count from the first of the last {:,} "
+                                  "lines".format(MAX_STREAM_LINES)]
 
 
 def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, startup: int = -1) -> Dict[str, Any]:

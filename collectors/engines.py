@@ -161,9 +161,10 @@ def collect(root: str = "/") -> Dict[str, Any]:
         e["schedulers"].sort(key=lambda p: _rank_key(p["rank"]))
     problems = []
     if orphans["schedulers"]:
+        pids = ", ".join(str(p["pid"]) for p in orphans["schedulers"])
         problems.append({"code": "engines.server_not_found",
                          "message": "scheduler processes without a visible server process (its command line "
-                                    "holds the flags): {}".format(", ".join(str(p["pid"]) for p in orphans["schedulers"]))})
+                                    "holds the flags): {}".format(pids)})
     return {"status": "ok" if engines else "absent", "engines": engines, "problems": problems}
 
 

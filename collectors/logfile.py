@@ -2,8 +2,8 @@
 
 Logs on inference nodes grow to gigabytes, and the startup that matters is usually the last
 one. A plain file is therefore read from the end: the last ``Load weight begin`` is found by a
-backward search in fixed-size blocks (read ahead by a second thread), a window before it is parsed forward until that startup
-has ended, and the window only grows when the startup began earlier. Reads are bounded
+backward search in fixed-size blocks (read ahead by a second thread), a window before it is
+parsed forward until that startup has ended, and the window only grows when the startup began earlier. Reads are bounded
 blocks (not mmap, whose touched pages count as the process's memory), so memory stays flat
 whatever the file size.
 Lines are not split one by one: each block is searched for a few keywords that every memory

@@ -208,7 +208,8 @@ def _processes(nv: Any, handle: Any, gpu: Dict[str, Any]) -> None:
     gpu["process_api"] = apis[0] if apis else None
 
 
-def _process_list(nv: Any, handle: Any, kind: str) -> Tuple[Optional[List[Dict[str, Any]]], Optional[str], List[Dict[str, str]]]:
+def _process_list(nv: Any, handle: Any, kind: str) -> Tuple[Optional[List[Dict[str, Any]]], Optional[str],
+                                                            List[Dict[str, str]]]:
     """Try _v3, then _v2, then the v1 symbol; discard a list a struct mismatch corrupted."""
     problems: List[Dict[str, str]] = []
     prefix = "nvmlDevice{}RunningProcesses".format("GetCompute" if kind == "compute" else "GetGraphics")
@@ -224,7 +225,8 @@ def _process_list(nv: Any, handle: Any, kind: str) -> Tuple[Optional[List[Dict[s
             problems.append(_problem(prob[0], "{} processes: {}".format(kind, prob[1])))
             return None, None, problems
         procs: List[Dict[str, Any]] = [
-            {"pid": int(p.pid), "used_bytes": _used(p.usedGpuMemory), "type": kind, "api": prefix + suffix} for p in raw]
+            {"pid": int(p.pid), "used_bytes": _used(p.usedGpuMemory), "type": kind,
+             "api": prefix + suffix} for p in raw]
         if any(p["pid"] in _BAD_PIDS or (p["used_bytes"] or 0) > _IMPLAUSIBLE_BYTES for p in procs):
             # R535.43-535.86 wrote a larger struct into the _v3 array: every later row is shifted.
             problems.append(_problem("nvml.process_list_corrupt",

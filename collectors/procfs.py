@@ -141,7 +141,8 @@ def process(root: str, pid: int, argv: Optional[List[str]] = None) -> Optional[D
     ppid, ticks = parse_stat(stat.decode("utf-8", "replace"))
     status = (_read_bytes(os.path.join(base, "status")) or b"").decode("utf-8", "replace")
     uid = parse_uid(status)
-    cgroup, container, unit = parse_cgroup((_read_bytes(os.path.join(base, "cgroup")) or b"").decode("utf-8", "replace"))
+    cgroup, container, unit = parse_cgroup((_read_bytes(os.path.join(base, "cgroup")) or b"").decode("utf-8",
+                                                                                                     "replace"))
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     return {
         "pid": pid,

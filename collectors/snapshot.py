@@ -30,7 +30,8 @@ def _run(name: str, fn: Callable[[], Dict[str, Any]], runs: List[Dict[str, Any]]
             raise
         section = {"status": "failed", "problems": [{"code": "internal.exception",
                                                      "message": "{}: {}: {}".format(name, type(exc).__name__, exc)}]}
-    runs.append({"name": name, "status": section.get("status", "ok"), "duration_s": round(time.perf_counter() - start, 4)})
+    runs.append({"name": name, "status": section.get("status", "ok"), "duration_s": round(time.perf_counter() - start,
+                                                                                          4)})
     return section
 
 
@@ -107,12 +108,14 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
             engine: Optional[int] = None) -> Dict[str, Any]:
     """``engine``: the port of the SGLang server to explain (default: the one with most GPU memory)."""
     runs: List[Dict[str, Any]] = []
-    snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(), "taken_at_unix_s": round(time.time(), 3),
+    snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(), "taken_at_unix_s": round(time.time(),
+                                                                                                         3),
                             "probe": {"python": platform.python_version(), "platform": sys.platform}}
     snap["nvml"] = _run(nvml.NAME, lambda: nvml.collect(nvml_lib), runs, strict)
     snap["host_memory"] = _run(host_memory.NAME, lambda: host_memory.collect(root), runs, strict)
     snap["engines"] = _run(engines.NAME, lambda: engines.collect(root), runs, strict)
-    snap["gpu_processes"] = _run("gpu_processes", lambda: {"status": "ok", "processes": _gpu_processes(root, snap["nvml"])},
+    snap["gpu_processes"] = _run("gpu_processes", lambda: {"status": "ok", "processes": _gpu_processes(root,
+                                                                                                       snap["nvml"])},
                                  runs, strict)
     engine_list = snap["engines"].get("engines", [])
     chosen = primary_engine(engine_list, snap["nvml"], engine)

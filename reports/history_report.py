@@ -69,11 +69,13 @@ def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Opt
             c.print("  KV pool {:,} tokens; {}".format(r.kv_tokens, peak))
         table = Table(show_edge=False, pad_edge=False)
         for col, just in (("GPU", "right"), ("rank", "left"), ("samples", "right"), ("lowest free GiB", "right"),
-                          ("when", "left"), ("highest", "right"), ("now", "right"), ("free over time (low-water)", "left")):
+                          ("when", "left"), ("highest", "right"), ("now", "right"), ("free over time (low-water)",
+                                                                                     "left")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         for g in r.gpus:
             table.add_row(str(g.gpu), g.rank or "—", "{:,}".format(g.samples),
-                          "—" if g.min_free_bytes is None else "{:.2f}".format(g.min_free_bytes / GIB), _when(g.min_free_at),
+                          "—" if g.min_free_bytes is None else "{:.2f}".format(g.min_free_bytes / GIB),
+                          _when(g.min_free_at),
                           "—" if g.max_free_bytes is None else "{:.2f}".format(g.max_free_bytes / GIB),
                           "—" if g.last_free_bytes is None else "{:.2f}".format(g.last_free_bytes / GIB),
                           sparkline(plots.get(g.gpu, [])))

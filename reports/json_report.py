@@ -143,9 +143,11 @@ def gpu_dict(g: GpuLedger) -> Dict[str, Any]:
     return {"index": g.index, "uuid": g.uuid, "name": g.name, "status": g.status, "rank": g.rank,
             "total_bytes": g.total_bytes, "reserved_bytes": g.reserved_bytes, "used_bytes": g.used_bytes,
             "free_bytes": g.free_bytes,
-            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": p.name, "rank": p.rank, "owner": p.owner.value,
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": p.name, "rank": p.rank,
+                           "owner": p.owner.value,
                            "user": p.user, "container": p.container} for p in g.processes],
-            "ledger": [{"item": ITEM_LABELS[item.kind], "bytes": item.bytes, "source": item.source} for item in g.items],
+            "ledger": [{"item": ITEM_LABELS[item.kind], "bytes": item.bytes,
+                        "source": item.source} for item in g.items],
             "problems": [{"code": p.code, "message": p.message} for p in g.problems]}
 
 

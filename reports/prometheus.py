@@ -33,17 +33,21 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
 
     gpu_labels = ("gpu", "uuid")
     total = gauge("gpu_memory_total_bytes", "GPU memory, from nvmlDeviceGetMemoryInfo_v2 total.", gpu_labels)
-    reserved = gauge("gpu_memory_reserved_bytes", "Memory the driver reserves (nvmlDeviceGetMemoryInfo_v2).", gpu_labels)
-    used = gauge("gpu_memory_used_bytes", "Used GPU memory, without the driver reserve (nvmlDeviceGetMemoryInfo_v2).", gpu_labels)
+    reserved = gauge("gpu_memory_reserved_bytes", "Memory the driver reserves (nvmlDeviceGetMemoryInfo_v2).",
+                     gpu_labels)
+    used = gauge("gpu_memory_used_bytes", "Used GPU memory, without the driver reserve (nvmlDeviceGetMemoryInfo_v2).",
+                 gpu_labels)
     free = gauge("gpu_memory_free_bytes", "Free GPU memory now (nvmlDeviceGetMemoryInfo_v2).", gpu_labels)
     up = gauge("gpu_up", "1 if NVML answers for this GPU, 0 if it is lost.", gpu_labels)
-    low = gauge("gpu_memory_free_low_water_bytes", "Lowest free GPU memory seen in the current engine run (kvforensics record history).",
+    low = gauge("gpu_memory_free_low_water_bytes",
+                "Lowest free GPU memory seen in the current engine run (kvforensics record history).",
                 ("gpu", "uuid", "engine", "rank"))
     engine = engine_label(insp)
     for g in insp.gpus:
         labels = (str(g.index), g.uuid or "")
         up.labels(*labels).set(0 if g.status == "lost" else 1)
-        for metric, value in ((total, g.total_bytes), (reserved, g.reserved_bytes), (used, g.used_bytes), (free, g.free_bytes)):
+        for metric, value in ((total, g.total_bytes), (reserved, g.reserved_bytes), (used, g.used_bytes), (free,
+                                                                                                           g.free_bytes)):
             if value is not None:  # unknown is absent, never 0
                 metric.labels(*labels).set(value)
         lw = (low_water or {}).get(g.index)
@@ -51,7 +55,8 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
             low.labels(str(g.index), g.uuid or "", engine, g.rank or "").set(lw.min_free_bytes)
     a = insp.analysis
     if engine is not None and a is not None:
-        kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.", ("engine", "rank"))
+        kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.", ("engine",
+                                                                                                           "rank"))
         for r in a.ranks:
             if r.target.kv_bytes is not None:
                 kv_bytes.labels(engine, r.rank).set(r.target.kv_bytes)
@@ -70,21 +75,24 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
                   "low-water mark when recorded (what a higher --mem-fraction-static could give the KV pool).",
                   ("engine",)).labels(engine).set(unused)
         if samples is not None:
-            gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",)).labels(engine).set(samples)
+            gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",
+                                                                                        )).labels(engine).set(samples)
     findings = gauge("findings", "Findings of the last run, by code and severity.", ("code", "severity"))
     counts: Dict[tuple, int] = {}
     for f in insp.findings:
         counts[(f.code, f.severity)] = counts.get((f.code, f.severity), 0) + 1
     for (code, severity), n in counts.items():
         findings.labels(code, severity).set(n)
-    ok = gauge("collector_success", "0 if the collector failed; 1 if it ran (absent = nothing to collect is not a failure).", ("collector",))
+    ok = gauge("collector_success",
+               "0 if the collector failed; 1 if it ran (absent = nothing to collect is not a failure).", ("collector",))
     dur = gauge("collector_duration_seconds", "Time the collector took.", ("collector",))
     for run in insp.snapshot.collector_runs:
         ok.labels(run.name).set(0 if run.status == "failed" else 1)
         if run.duration_s is not None:
             dur.labels(run.name).set(run.duration_s)
     hm = insp.host_memory
-    for key, doc in (("total_bytes", "Host RAM (MemTotal)."), ("available_bytes", "Host RAM available (MemAvailable, cgroup-bounded).")):
+    for key, doc in (("total_bytes", "Host RAM (MemTotal)."), ("available_bytes",
+                                                               "Host RAM available (MemAvailable, cgroup-bounded).")):
         if hm.get(key) is not None:
             gauge("host_memory_" + key, doc).set(hm.get(key))
     gauge("last_success_timestamp_seconds", "When kvforensics record last completed (Unix time).").set(time.time())

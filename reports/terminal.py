@@ -145,11 +145,21 @@ def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -
 
 def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
     """The log analysis; with ``live`` the findings and recommendations come from the caller."""
+    _header(console, a, live)
+    groups = collapse(a.ranks)
+    if groups:
+        _ledger_table(console, a, groups)
+        _bars(console, groups)
+    _reserve_table(console, a)
+    if not live:
+        _findings(console, a.findings)
+        _recommendations(console, a.recommendations, a.summary.context_len, a.options.request_tokens)
+
+
+def _header(c: "object", a: Analysis, live: bool) -> None:
     from rich.padding import Padding
-    from rich.table import Table
     from rich.text import Text
 
-    c = console
     args = a.server_args
     head = Text()
     if not live:
@@ -174,66 +184,80 @@ def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
     c.print(Padding(Text(" · ".join(facts)), (0, 0, 0, 2), expand=False))  # type: ignore[attr-defined]
     s = a.summary
     if s.max_total_num_tokens is not None:
-        c.print("  KV tokens {:,} · max_running_requests {:,} · context_len {:,} · free after startup {} GiB ({})".format(  # type: ignore[attr-defined]
-            s.max_total_num_tokens, s.max_running_requests or 0, s.context_len or 0,
-            _gib(s.startup_avail_bytes), s.source))
+        c.print("  KV tokens {:,} · max_running_requests {} · context_len {} · free after startup {} GiB "  # type: ignore[attr-defined]
+                "({})".format(s.max_total_num_tokens, _count(s.max_running_requests), _count(s.context_len),
+                              _gib(s.startup_avail_bytes), s.source))
     for p in a.problems:
         c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
 
-    groups = collapse(a.ranks)
-    if groups:
-        table = Table(title="Memory ledger per rank (GiB; 1 GiB = 2^30 B; SGLang's \"GB\" is GiB)",
-                      title_justify="left", show_edge=False, pad_edge=False)
-        table.add_column("item")
-        for label, _ in groups:
-            table.add_column(label, justify="right")
-        table.add_column("source ({})".format(groups[0][0]), overflow="fold", max_width=52, style="dim")
-        for label, get, key, _ in LEDGER_ROWS:
-            values = [get(r) for _, r in groups]
-            if all(v is None for v in values):
-                continue
-            table.add_row(label, *[_gib(v) for v in values], _source(groups[0][1], key))
-        r0 = groups[0][1]
-        if r0.target.kv_tokens is not None:
-            table.add_row("KV tokens", *["{:,}".format(r.target.kv_tokens or 0) for _, r in groups],
-                          r0.target.sources.get("kv_tokens", ""))
-        if a.budget.cell_bytes:
-            table.add_row("KV bytes per token", *["{:,}".format(a.budget.cell_bytes) for _ in groups],
-                          a.budget.cell_source)
-        if r0.reserve_bytes is not None:
-            table.add_row("reserve (1 − mfs) × pre-load free", *[_gib(r.reserve_bytes) for _, r in groups],
-                          "formula: " + a.budget.mfs_source)
-        c.print(table)  # type: ignore[attr-defined]
-        c.print(Text("Where each GPU's pre-load free memory went:", style="bold"))  # type: ignore[attr-defined]
-        for label, r in groups:
-            line = Text("  {:>9} ".format(label[:9]))
-            segs = bar(r)
-            for _, cells, colour in segs:
-                line.append("█" * cells, style=colour)
-            line.append("░" * (60 - sum(x[1] for x in segs)), style="dim")
-            line.append(" {} GiB".format(_gib(r.target.pre_load_avail_bytes)))
-            c.print(line)  # type: ignore[attr-defined]
-        legend = Text("  ")
-        for label, _, _, colour in LEDGER_ROWS:
-            if colour and any(name == label for name, _, _ in bar(groups[0][1])):
-                legend.append("█ ", style=colour)
-                legend.append(label + "  ")
-        c.print(legend)  # type: ignore[attr-defined]
 
-    rows = reserve_breakdown(a)
-    if rows and a.budget.reserve_bytes:
-        table = Table(title="Where the {} GiB reserve went (rank with the least free memory)".format(
-            _gib(a.budget.reserve_bytes)), title_justify="left", show_edge=False, pad_edge=False)
-        table.add_column("GiB", justify="right")
-        table.add_column("item")
-        table.add_column("source", style="dim", overflow="fold")
-        for name, n, src in rows:
-            table.add_row(_gib(n), name, src)
-        c.print(table)  # type: ignore[attr-defined]
+def _count(n: Optional[int]) -> str:
+    return "—" if n is None else "{:,}".format(n)
 
-    if not live:
-        _findings(c, a.findings)
-        _recommendations(c, a.recommendations, a.summary.context_len, a.options.request_tokens)
+
+def _ledger_table(c: "object", a: Analysis, groups: List[Tuple[str, RankLedger]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="Memory ledger per rank (GiB; 1 GiB = 2^30 B; SGLang's \"GB\" is GiB)",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("item")
+    for label, _ in groups:
+        table.add_column(label, justify="right")
+    table.add_column("source ({})".format(groups[0][0]), overflow="fold", max_width=52, style="dim")
+    for label, get, key, _ in LEDGER_ROWS:
+        values = [get(r) for _, r in groups]
+        if all(v is None for v in values):
+            continue
+        if key == "final_avail_bytes" and not a.complete:  # a fragment's last figure is not "after startup"
+            label = "last free figure seen"
+        table.add_row(label, *[_gib(v) for v in values], _source(groups[0][1], key))
+    r0 = groups[0][1]
+    if r0.target.kv_tokens is not None:
+        table.add_row("KV tokens", *[_count(r.target.kv_tokens) for _, r in groups],
+                      r0.target.sources.get("kv_tokens", ""))
+    if a.budget.cell_bytes:
+        table.add_row("KV bytes per token", *["{:,}".format(a.budget.cell_bytes) for _ in groups],
+                      a.budget.cell_source)
+    if r0.reserve_bytes is not None:
+        table.add_row("reserve (1 − mfs) × pre-load free", *[_gib(r.reserve_bytes) for _, r in groups],
+                      "formula: " + a.budget.mfs_source)
+    c.print(table)  # type: ignore[attr-defined]
+
+
+def _bars(c: "object", groups: List[Tuple[str, RankLedger]]) -> None:
+    from rich.text import Text
+
+    c.print(Text("Where each GPU's pre-load free memory went:", style="bold"))  # type: ignore[attr-defined]
+    for label, r in groups:
+        line = Text("  {:>9} ".format(label[:9]))
+        segs = bar(r)
+        for _, cells, colour in segs:
+            line.append("█" * cells, style=colour)
+        line.append("░" * (60 - sum(x[1] for x in segs)), style="dim")
+        line.append(" {} GiB".format(_gib(r.target.pre_load_avail_bytes)))
+        c.print(line)  # type: ignore[attr-defined]
+    legend = Text("  ")
+    for label, _, _, colour in LEDGER_ROWS:
+        if colour and any(name == label for name, _, _ in bar(groups[0][1])):
+            legend.append("█ ", style=colour)
+            legend.append(label + "  ")
+    c.print(legend)  # type: ignore[attr-defined]
+
+
+def _reserve_table(c: "object", a: Analysis) -> None:
+    from rich.table import Table
+
+    rows = reserve_breakdown(a) if a.complete else []
+    if not rows or not a.budget.reserve_bytes:
+        return
+    table = Table(title="Where the {} GiB reserve went (rank with the least free memory)".format(
+        _gib(a.budget.reserve_bytes)), title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("GiB", justify="right")
+    table.add_column("item")
+    table.add_column("source", style="dim", overflow="fold")
+    for name, n, src in rows:
+        table.add_row(_gib(n), name, src)
+    c.print(table)  # type: ignore[attr-defined]
 
 
 def _findings(c: "object", findings: Sequence["Finding"]) -> None:
@@ -252,16 +276,19 @@ def _findings(c: "object", findings: Sequence["Finding"]) -> None:
         c.print(t)  # type: ignore[attr-defined]
         c.print(Padding(Text(f.detail), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
         if f.evidence:
-            c.print(Padding(Text("evidence: " + "; ".join(f.evidence), style="dim"), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
+            c.print(Padding(Text("evidence: " + "; ".join(f.evidence), style="dim"), (0, 0, 0, 9),
+                            expand=False))  # type: ignore[attr-defined]
 
 
-def _recommendations(c: "object", recs: Sequence["Recommendation"], context_len: Optional[int], request_tokens: int) -> None:
+def _recommendations(c: "object", recs: Sequence["Recommendation"], context_len: Optional[int],
+                     request_tokens: int) -> None:
     from rich.padding import Padding
     from rich.text import Text
 
     if not recs:
         return
-    c.print(Text("Recommendations (per rank; requests = more concurrent requests at context_len "  # type: ignore[attr-defined]
+    c.print(Text("Recommendations (per rank; requests = more concurrent requests at context_len "
+                 ""  # type: ignore[attr-defined]
                  "{:,} / at {:,} tokens)".format(context_len or 0, request_tokens), style="bold underline"))
     for r in recs:
         t = Text("→ ")
@@ -273,7 +300,8 @@ def _recommendations(c: "object", recs: Sequence["Recommendation"], context_len:
             gains.append("{:+,} tokens".format(r.gain_tokens))
         req = r.gain_requests
         if req:
-            gains.append("{} / {} requests".format(_plus(req.get("at_context_len")), _plus(req.get("at_request_tokens"))))
+            gains.append("{} / {} requests".format(_plus(req.get("at_context_len")),
+                                                   _plus(req.get("at_request_tokens"))))
         t.append("   " + ", ".join(gains))
         t.append("   [{}]".format(r.basis), style="dim")
         c.print(t)  # type: ignore[attr-defined]

@@ -145,7 +145,8 @@ class FakeNode:
             foreign = self.foreign.get(gpu, 0)
             orphan = self.orphan.get(gpu, 0)
             used = TOTAL - RESERVED - self.free[gpu]
-            lines.append("gpu {} uuid=GPU-{:08x}-5a1e-4c0f-9b2d-7e3c1a2b{:04x} name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition "
+            lines.append("gpu {} uuid=GPU-{:08x}-5a1e-4c0f-9b2d-7e3c1a2b{:04x} "
+                         "name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition "
                          "bus=00000000:{:02X}:00.0 total={} reserved={} used={} free={}".format(
                              gpu, 0x3f2a1b00 + gpu, gpu, 0x18 + gpu, TOTAL, RESERVED, used, self.free[gpu]))
             lines.append("proc {} compute {} {}".format(gpu, self.scheduler_pids[gpu], used - foreign - orphan))

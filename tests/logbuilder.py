@@ -21,7 +21,8 @@ def startup(
     pool_end: float = 9.50,
     graph_begin: float = 9.20,
     graph_used: float = 1.10,
-    summary: Optional[str] = "max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests={reqs}, context_len={ctx}, available_gpu_mem={avail:.2f} GB",
+    summary: Optional[str] = "max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+                             "max_running_requests={reqs}, context_len={ctx}, available_gpu_mem={avail:.2f} GB",
     reqs: int = 2048,
     ctx: int = 32768,
     final: float = 7.80,
@@ -49,19 +50,25 @@ def startup(
     for r in ranks:
         lines.append("[{} {}] {}".format(date, r, kv_line.format(tokens=tokens, k=kv_gib / 2, kv=kv_gib)))
         lines.append("[{} {}] Memory pool end. avail mem={:.2f} GB".format(date, r, pool_end))
-        lines.append("[{} {}] Capture cuda graph begin. This can take up to several minutes. avail mem={:.2f} GB".format(
+        lines.append("[{} {}] Capture cuda graph begin. This can take up to several minutes. avail mem={:.2f} "
+                     "GB".format(
             date, r, graph_begin))
-        lines.append("[{} {}] Capture cuda graph end. Time elapsed: 20.00 s. mem usage={:.2f} GB. avail mem={:.2f} GB.".format(
+        lines.append("[{} {}] Capture cuda graph end. Time elapsed: 20.00 s. mem usage={:.2f} GB. avail mem={:.2f} "
+                     "GB.".format(
             date, r, graph_used, graph_begin - graph_used))
     if draft:
         for r in ranks:
             lines.append("[{} {}] Load weight begin. avail mem={:.2f} GB".format(date, r, graph_begin - graph_used))
-            lines.append("[{} {}] Load weight end. type=LlamaForCausalLMEagle, dtype=torch.bfloat16, avail mem={:.2f} GB, "
+            lines.append("[{} {}] Load weight end. type=LlamaForCausalLMEagle, dtype=torch.bfloat16, avail mem={:.2f} "
+                         "GB, "
                          "mem usage=0.50 GB.".format(date, r, graph_begin - graph_used - 0.5))
-            lines.append("[{} {}] KV Cache is allocated. #tokens: {}, K size: 0.05 GB, V size: 0.05 GB".format(date, r, tokens))
+            lines.append("[{} {}] KV Cache is allocated. #tokens: {}, K size: 0.05 GB, V size: 0.05 GB".format(date,
+                                                                                                               r,
+                                                                                                               tokens))
             lines.append("[{} {}] Memory pool end. avail mem={:.2f} GB".format(date, r, graph_begin - graph_used - 0.6))
     if summary:
-        lines.append("[{} {}] {}".format(date, ranks[0], summary.format(tokens=tokens, reqs=reqs, ctx=ctx, avail=final)))
+        lines.append("[{} {}] {}".format(date, ranks[0], summary.format(tokens=tokens, reqs=reqs, ctx=ctx,
+                                                                        avail=final)))
     return lines
 
 

@@ -14,13 +14,19 @@ from tests.conftest import SEED_LOG
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["--model-path", "/m", "--tp", "8", "--mem-fraction-static", "0.88"], {"model_path": "/m", "tp_size": 8, "mem_fraction_static": 0.88}),
-    (["--model", "org/name", "--tensor-parallel-size=4", "--dp", "2"], {"model_path": "org/name", "tp_size": 4, "dp_size": 2}),
+    (["--model-path", "/m", "--tp", "8", "--mem-fraction-static", "0.88"], {"model_path": "/m", "tp_size": 8,
+                                                                            "mem_fraction_static": 0.88}),
+    (["--model", "org/name", "--tensor-parallel-size=4", "--dp", "2"], {"model_path": "org/name", "tp_size": 4,
+                                                                        "dp_size": 2}),
     (["--mem-frac", "0.9", "--max-running", "64"], {"mem_fraction_static": 0.9, "max_running_requests": 64}),
-    (["--enable-hicache", "--trust-remote-code", "--page-size", "64"], {"enable_hierarchical_cache": True, "trust_remote_code": True, "page_size": 64}),
-    (["--enable-dp-attention", "--disable-cuda-graph", "--kv-cache-dtype", "fp8_e4m3"], {"enable_dp_attention": True, "disable_cuda_graph": True, "kv_cache_dtype": "fp8_e4m3"}),
+    (["--enable-hicache", "--trust-remote-code", "--page-size", "64"], {"enable_hierarchical_cache": True,
+                                                                        "trust_remote_code": True, "page_size": 64}),
+    (["--enable-dp-attention", "--disable-cuda-graph", "--kv-cache-dtype", "fp8_e4m3"], {"enable_dp_attention": True,
+                                                                                         "disable_cuda_graph": True,
+                                                                                         "kv_cache_dtype": "fp8_e4m3"}),
     (["moonshotai/Kimi-K2.5", "--tp-size", "8"], {"model_path": "moonshotai/Kimi-K2.5", "tp_size": 8}),
-    (["--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "4"], {"speculative_algorithm": "EAGLE3", "speculative_num_draft_tokens": 4}),
+    (["--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "4"], {"speculative_algorithm": "EAGLE3",
+                                                                                    "speculative_num_draft_tokens": 4}),
 ])
 def test_flags_like_argparse(argv, expected):
     assert engines.parse_flags(argv) == expected
@@ -53,7 +59,8 @@ def test_classify(argv, role):
 def test_redaction():
     assert redact_argv(["--api-key", "sk-1", "--tp", "8", "--admin-api-key=adm"]) == \
         ["--api-key", REDACTED, "--tp", "8", "--admin-api-key=" + REDACTED]
-    data = {"api_key": "x", "hf_token": "y", "max_total_tokens": 5, "tokenizer_path": "/t", "nested": [{"password": "p"}],
+    data = {"api_key": "x", "hf_token": "y", "max_total_tokens": 5, "tokenizer_path": "/t",
+            "nested": [{"password": "p"}],
             "speculative_num_draft_tokens": 4}
     assert redact_mapping(data) == {"api_key": REDACTED, "hf_token": REDACTED, "max_total_tokens": 5,
                                     "tokenizer_path": "/t", "nested": [{"password": REDACTED}],
@@ -62,7 +69,8 @@ def test_redaction():
 
 @pytest.mark.parametrize("text,container,unit", [
     ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", {"runtime": "docker", "id": "a" * 64}, None),
-    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12345678_1234_1234_1234_123456789abc.slice/cri-containerd-" + "b" * 64 + ".scope\n",
+    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12345678_1234_1234_1234_123456789abc.slice"
+     "/cri-containerd-" + "b" * 64 + ".scope\n",
      {"runtime": "kubernetes", "id": "12345678-1234-1234-1234-123456789abc"}, None),
     ("0::/system.slice/sglang-kimi.service\n", None, "sglang-kimi.service"),
     ("12:memory:/docker/" + "c" * 64 + "\n0::/\n", {"runtime": "docker", "id": "c" * 64}, None),
@@ -74,7 +82,8 @@ def test_cgroup_parsing(text, container, unit):
 
 
 def test_stat_with_parentheses_in_comm():
-    ppid, start = procfs.parse_stat("4242 (weird) name)) S 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 12) + " 123456 0 0")
+    ppid, start = procfs.parse_stat("4242 (weird) name)) S 1 4242 4242 0 -1 4194560 "
+                                    "" + " ".join(["0"] * 12) + " 123456 0 0")
     assert ppid == 1 and start == 123456
 
 
@@ -89,7 +98,8 @@ def _tree(root: Path, meminfo: str, cgroup: str = "0::/\n", files: dict = None) 
     return str(root)
 
 
-MEMINFO = "MemTotal:       527426560 kB\nMemFree:        10000000 kB\nMemAvailable:   415236096 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n"
+MEMINFO = ("MemTotal:       527426560 kB\nMemFree:        10000000 kB\nMemAvailable:   415236096 kB\n"
+           "SwapTotal: 0 kB\nSwapFree: 0 kB\n")
 
 
 def test_host_memory_from_meminfo(tmp_path):
@@ -128,7 +138,8 @@ def test_host_memory_on_this_machine_matches_free():
 
 def test_log_source_from_the_process():
     assert engine_logs.spec_for({"pid": 1, "stdout": "file:/var/log/s.log"}) == (("file", "/var/log/s.log"), None)
-    assert engine_logs.spec_for({"pid": 1, "stdout": "socket", "unit": "sglang.service"}) == (("journal", "sglang.service"), None)
+    assert engine_logs.spec_for({"pid": 1, "stdout": "socket", "unit": "sglang.service"}) == (("journal",
+                                                                                               "sglang.service"), None)
     assert engine_logs.spec_for({"pid": 1, "stdout": "pipe", "unit": None,
                                  "container": {"runtime": "docker", "id": "f" * 64}}) == (("docker", "f" * 12), None)
     spec, why = engine_logs.spec_for({"pid": 7, "stdout": "pipe", "unit": None, "container": None})
@@ -191,7 +202,8 @@ def test_http_skips_non_loopback_hosts():
 def test_secrets_in_raw_log_lines_are_redacted():
     from collectors.redact import redact_text
 
-    repr_line = "[2026-01-01 10:00:00] server_args=ServerArgs(model_path='/m', api_key='sk-live-1', admin_api_key=\"adm\", tokenizer_path='/t', max_total_tokens=None)"
+    repr_line = ("[2026-01-01 10:00:00] server_args=ServerArgs(model_path='/m', api_key='sk-live-1', "
+                 "admin_api_key=\"adm\", tokenizer_path='/t', max_total_tokens=None)")
     out = redact_text(repr_line)
     assert "sk-live-1" not in out and "adm\"" not in out and "tokenizer_path='/t'" in out and "model_path='/m'" in out
     dict_line = "[2026-09-04 10:00:00] server_args={'api_key': 'sk-2', 'hf_token': 'hf_x', 'page_size': 64}"

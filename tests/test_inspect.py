@@ -56,7 +56,8 @@ def test_seed_node_end_to_end_as_a_process(node):
         assert g["used_bytes"] == TOTAL - RESERVED - int(5.06 * GIB)
         engine = [p for p in g["processes"] if p["owner"] == "engine"]
         assert len(engine) == 1 and engine[0]["pid"] == node.scheduler_pids[i] and engine[0]["rank"] == "TP{}".format(i)
-        assert sum(x["bytes"] for x in g["ledger"] if x["item"] not in ("reserved by the driver", "free")) == g["used_bytes"]
+        assert sum(x["bytes"] for x in g["ledger"] if x["item"] not in ("reserved by the driver",
+                                                                        "free")) == g["used_bytes"]
     # the log's ledger is joined per GPU
     ledger0 = {x["item"]: x["bytes"] for x in t["gpus"][0]["ledger"]}
     assert ledger0["weights"] == int(round(72.33 * GIB)) and ledger0["KV pool"] == int(round(10.42 * GIB))
@@ -76,7 +77,8 @@ def test_findings_and_measured_recommendations(node):
     assert "8 GPU(s)" in f["unused_gpu_memory"]["title"]
     foreign = f["foreign_gpu_process"]
     assert foreign["bytes"] == 2 * GIB and str(node.foreign_pids[3]) in foreign["title"]
-    assert "{:,} KV tokens per rank".format(2 * GIB // 70272) in foreign["detail"] and "all 8 rank(s)" in foreign["detail"]
+    assert "{:,} KV tokens per rank".format(2 * GIB // 70272) in foreign["detail"]
+    assert "all 8 rank(s)" in foreign["detail"]
     orphan = f["orphaned_gpu_memory"]
     assert orphan["severity"] == "error" and orphan["bytes"] == GIB and "4194005" in orphan["title"]
     for code_ in ("mem_fraction_semantics", "kv_budget_check", "draft_in_reserve", "concurrency_bound"):
@@ -105,7 +107,8 @@ def test_rank_imbalance_live(tmp_path, fake_lib, monkeypatch):
 
 
 @pytest.mark.parametrize("directive,check", [
-    ("memory_api v1", lambda t: t["gpus"][0]["reserved_bytes"] is None and t["gpus"][0]["used_bytes"] == TOTAL - int(5.06 * GIB)),
+    ("memory_api v1",
+     lambda t: t["gpus"][0]["reserved_bytes"] is None and t["gpus"][0]["used_bytes"] == TOTAL - int(5.06 * GIB)),
     ("process_api v2", lambda t: t["gpus"][0]["processes"][0]["rank"] == "TP0"),
     ("process_api v1", lambda t: t["gpus"][0]["processes"][0]["rank"] == "TP0"),
     ("process_api cc", lambda t: t["gpus"][0]["processes"][0]["rank"] == "TP0"
@@ -178,7 +181,8 @@ def test_bundle_round_trip(node, tmp_path):
     assert replay["gpus"] == live["gpus"]
 
 
-@pytest.mark.parametrize("content,message", [("not json", "not JSON"), ('{"schema": "other"}', "not a kvforensics bundle")])
+@pytest.mark.parametrize("content,message", [("not json", "not JSON"), ('{"schema": "other"}',
+                                                                        "not a kvforensics bundle")])
 def test_bad_bundles(tmp_path, content, message):
     p = tmp_path / "b.json"
     p.write_text(content)
@@ -236,7 +240,8 @@ def test_live_metrics_from_the_engine_on_loopback(tmp_path, fake_lib, monkeypatc
     try:
         with FakeNode(tmp_path, extra_flags=["--port", str(port)]) as n:
             monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
-            code, out, err = run_cli(["inspect", "--json", "--nvml-lib", str(FAKE_LIB), "--save", str(tmp_path / "b.json")])
+            code, out, err = run_cli(["inspect", "--json", "--nvml-lib", str(FAKE_LIB), "--save",
+                                      str(tmp_path / "b.json")])
     finally:
         server.shutdown()
     t = json.loads(out)["targets"][0]

@@ -47,7 +47,8 @@ def test_reports_do_not_collect(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("collectors"):
-            assert node.module in ("collectors.redact", "collectors.units"), "{} imports {}".format(path.name, node.module)
+            assert node.module in ("collectors.redact", "collectors.units"), "{} imports {}".format(path.name,
+                                                                                                    node.module)
 
 
 @pytest.mark.parametrize("path", _modules("agent"), ids=lambda p: p.name)

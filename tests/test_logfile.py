@@ -183,7 +183,8 @@ def test_unreadable_file():
                 "try:\n read_log(sys.argv[1])\nexcept LogReadError as e:\n print(e.code); print(e.message)")
         proc = subprocess.run([system_python, "-I", "-c", code, path, folder], capture_output=True, text=True,
                               timeout=60, **kwargs)
-        assert proc.stdout.splitlines() == ["unreadable", path + ": permission denied (run as a user who can read it)"], proc.stderr
+        assert proc.stdout.splitlines() == ["unreadable",
+                                            path + ": permission denied (run as a user who can read it)"], proc.stderr
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

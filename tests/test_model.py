@@ -145,23 +145,33 @@ def test_draft_inside_the_budget_from_0_5_14(tmp_path, with_config):
     pre, post_target, post_draft = 78.5, 18.5, 17.5
     rest = gib(post_draft) - round(gib(pre) * 0.15)
     tokens = rest // int(target_cell * (1 + 1 / 4))  # a 1-layer draft over 4 target layers
-    args = "server_args=ServerArgs(model_path='/m', mem_fraction_static=0.85, tp_size=1, speculative_algorithm='EAGLE3')"
+    args = ("server_args=ServerArgs(model_path='/m', mem_fraction_static=0.85, tp_size=1, "
+            "speculative_algorithm='EAGLE3')")
     kv_t = (tokens + 1) * target_cell / GIB
     kv_d = (tokens + 1) * draft_cell / GIB
     lines = ["[{}] {}".format(date, args),
              "[{}] Load weight begin. avail mem={:.2f} GB".format(date, pre),
-             "[{}] Load weight end. elapsed=9.00 s, type=LlamaForCausalLM, avail mem={:.2f} GB, mem usage={:.2f} GB.".format(date, post_target, pre - post_target),
+             "[{}] Load weight end. elapsed=9.00 s, type=LlamaForCausalLM, avail mem={:.2f} GB, mem usage={:.2f} "
+             "GB.".format(date, post_target, pre - post_target),
              "[{}] Load weight begin. avail mem={:.2f} GB".format(date, post_target),
-             "[{}] Load weight end. elapsed=1.00 s, type=LlamaForCausalLMEagle3, avail mem={:.2f} GB, mem usage=1.00 GB.".format(date, post_draft),
-             "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, tokens, kv_t / 2, kv_t / 2),
-             "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, tokens, kv_d / 2, kv_d / 2),
+             "[{}] Load weight end. elapsed=1.00 s, type=LlamaForCausalLMEagle3, avail mem={:.2f} GB, mem usage=1.00 "
+             "GB.".format(date, post_draft),
+             "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {:.2f} GB, V size: {:.2f} "
+             "GB".format(date, tokens, kv_t / 2, kv_t / 2),
+             "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {:.2f} GB, V size: {:.2f} "
+             "GB".format(date, tokens, kv_d / 2, kv_d / 2),
              "[{}] Memory pool end. avail mem=5.00 GB".format(date),
              "[{}] Memory pool end. avail mem=4.90 GB".format(date),
-             "[{}] Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2], avail mem=4.50 GB".format(date),
-             "[{}] Capture target decode CUDA graph end. elapsed=9.00 s, mem usage=0.40 GB, avail mem=4.10 GB.".format(date),
-             "[{}] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2], avail mem=4.10 GB".format(date),
-             "[{}] Capture draft decode CUDA graph end. elapsed=3.00 s, mem usage=0.10 GB, avail mem=4.00 GB.".format(date),
-             "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=256, context_len=32768, available_gpu_mem=3.90 GB".format(date, tokens)]
+             "[{}] Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2], avail "
+             "mem=4.50 GB".format(date),
+             "[{}] Capture target decode CUDA graph end. elapsed=9.00 s, mem usage=0.40 GB, avail mem=4.10 "
+             "GB.".format(date),
+             "[{}] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2], avail mem=4.10 "
+             "GB".format(date),
+             "[{}] Capture draft decode CUDA graph end. elapsed=3.00 s, mem usage=0.10 GB, avail mem=4.00 "
+             "GB.".format(date),
+             "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+             "max_running_requests=256, context_len=32768, available_gpu_mem=3.90 GB".format(date, tokens)]
     extra = []
     if with_config:  # 8 KV heads x (128 + 128) x 4 layers x 2 B = 16,384 B: the target's cell
         cfg = tmp_path / "config.json"
@@ -203,7 +213,8 @@ def test_rank_imbalance_costs_tokens_on_every_rank(tmp_path):
 
 @pytest.mark.parametrize("line,cause", [
     ("Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.7", "not_enough_memory"),
-    ("Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.8. Raise --mem-fraction-static above 0.842 (minimum viable = 1 - available/pre = 0.8421).", "weights_leave_no_memory"),
+    ("Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.8. Raise --mem-fraction-static "
+     "above 0.842 (minimum viable = 1 - available/pre = 0.8421).", "weights_leave_no_memory"),
     ("Capture cuda graph failed: CUDA error: out of memory", "cuda_graph_capture_failed"),
 ])
 def test_failed_startup_is_reported_with_its_cause(tmp_path, line, cause):
@@ -293,12 +304,18 @@ def test_hybrid_sliding_window_pools_are_budgeted_per_full_token(tmp_path):
     args = "server_args=ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1, page_size=64)".format(mfs)
     lines = ["[{}] {}".format(date, args),
              "[{}] Load weight begin. avail mem={:.2f} GB".format(date, pre),
-             "[{}] Load weight end. type=MiMoV2FlashForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB, mem usage={:.2f} GB.".format(date, post, pre - post),
+             "[{}] Load weight end. type=MiMoV2FlashForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB, mem "
+             "usage={:.2f} GB.".format(date, post, pre - post),
              "[{}] Use sliding window memory pool. full_layer_tokens={}, swa_layer_tokens={}".format(date, full, swa),
-             "[{}] KV Cache is allocated. #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, swa, swa_gib / 2, swa_gib / 2),
-             "[{}] KV Cache is allocated. #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, full, full_gib / 2, full_gib / 2),
+             "[{}] KV Cache is allocated. #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, swa,
+                                                                                                    swa_gib / 2,
+                                                                                                    swa_gib / 2),
+             "[{}] KV Cache is allocated. #tokens: {}, K size: {:.2f} GB, V size: {:.2f} GB".format(date, full,
+                                                                                                    full_gib / 2,
+                                                                                                    full_gib / 2),
              "[{}] Memory pool end. avail mem=5.00 GB".format(date),
-             "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=256, context_len=32768, available_gpu_mem=4.00 GB".format(date, full)]
+             "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+             "max_running_requests=256, context_len=32768, available_gpu_mem=4.00 GB".format(date, full)]
     b = _analyze(tmp_path, lines)["startup"]["budget"]
     assert b["logged_tokens"] == full
     assert "hybrid SWA" in b["bytes_per_token_source"]

@@ -66,7 +66,8 @@ def test_random_bytes_never_crash(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("[]0123456789 .:-=,#TPDGBavilmemusgKVCacheisallocatedtokensLoadweightbeginend")),
+@given(st.text(alphabet=st.sampled_from(list("[]0123456789 "
+                                             ".:-=,#TPDGBavilmemusgKVCacheisallocatedtokensLoadweightbeginend")),
                max_size=200))
 def test_near_miss_text_never_crashes(text):
     parse_line(text, 1, 0)

@@ -106,7 +106,8 @@ def test_textfile_parses_and_follows_the_naming_rules(node, tmp_path):
         return next(s.value for s in families[name].samples if all(s.labels.get(k) == v for k, v in labels.items()))
     assert value("kvforensics_gpu_memory_total_bytes", gpu="3") == 97887 * (1 << 20)
     assert value("kvforensics_gpu_memory_free_bytes", gpu="3") == int(5.06 * GIB)
-    assert value("kvforensics_gpu_memory_free_low_water_bytes", gpu="3", rank="TP3", engine="sglang-1") == int(5.06 * GIB)
+    assert value("kvforensics_gpu_memory_free_low_water_bytes", gpu="3", rank="TP3",
+                 engine="sglang-1") == int(5.06 * GIB)
     assert value("kvforensics_engine_kv_pool_tokens", engine="sglang-1") == 159277
     assert value("kvforensics_engine_kv_pool_bytes", engine="sglang-1", rank="TP0") == int(round(10.42 * GIB))
     assert value("kvforensics_engine_unused_bytes", engine="sglang-1") == int(5.06 * GIB) - 2 * GIB
@@ -184,7 +185,8 @@ def test_corrupt_or_foreign_database_is_moved_aside(node, tmp_path, content, why
     code, out, err = _record(db)
     assert code == 0
     assert "was not usable and was moved aside" in err and why in err
-    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("h.db.unusable-") and not p.name.endswith(("-wal", "-shm"))]
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("h.db.unusable-") and not p.name.endswith(("-wal",
+                                                                                                              "-shm"))]
     assert aside.read_bytes() == original  # never silently overwritten
     assert json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]["samples"] == 1
 
@@ -199,7 +201,8 @@ def test_history_without_a_database(tmp_path):
     assert code == 2 and "no history yet" in err
 
 
-@pytest.mark.skipif(shutil.which("faketime") is None and not os.environ.get("CI"), reason="needs faketime (CI installs it)")
+@pytest.mark.skipif(shutil.which("faketime") is None and not os.environ.get("CI"),
+                    reason="needs faketime (CI installs it)")
 def test_clock_going_backwards_does_not_break_windows(node, tmp_path):
     db = tmp_path / "h.db"
     env = dict(node.env(), PYTHONPATH=str(ROOT))
@@ -284,7 +287,8 @@ def test_alert_rules_parse_and_use_exported_metrics():
 
     rules = yaml.safe_load((ROOT / "deploy" / "kvforensics.rules.yml").read_text())
     exported = {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_low_water_bytes", "kvforensics_gpu_up",
-                "kvforensics_collector_success", "kvforensics_last_success_timestamp_seconds", "node_textfile_mtime_seconds"}
+                "kvforensics_collector_success", "kvforensics_last_success_timestamp_seconds",
+                "node_textfile_mtime_seconds"}
     names = set()
     for group in rules["groups"]:
         assert group["name"] and group["rules"]

@@ -95,7 +95,8 @@ def test_unused_memory_and_safe_change(seed_json):
     assert rec["gain_bytes"] == int(0.035 * gib(94.04)) or abs(rec["gain_bytes"] - 0.035 * gib(94.04)) < 2
     assert rec["gain_tokens"] == rec["gain_bytes"] // 70272
     assert rec["basis"] == "estimated"
-    assert rec["gain_requests"] == {"at_context_len": 0, "at_request_tokens": (159277 + rec["gain_tokens"]) // 8192 - 19}
+    assert rec["gain_requests"] == {"at_context_len": 0,
+                                    "at_request_tokens": (159277 + rec["gain_tokens"]) // 8192 - 19}
 
 
 def test_concurrency_is_bound_by_kv_tokens(seed_json):

@@ -109,7 +109,8 @@ def test_ansi_colour_and_crlf_are_stripped():
 
 
 def test_glued_records_are_split():
-    raw = "[2026-01-01 10:00:00 TP0] Memory pool end. avail mem=1.00 GB[2026-01-01 10:00:00 TP1] Memory pool end. avail mem=2.00 GB"
+    raw = ("[2026-01-01 10:00:00 TP0] Memory pool end. avail mem=1.00 GB"
+           "[2026-01-01 10:00:00 TP1] Memory pool end. avail mem=2.00 GB")
     records = split_records(raw)
     assert [(r[1], r[2]) for r in records] == [("TP0", "Memory pool end. avail mem=1.00 GB"),
                                                ("TP1", "Memory pool end. avail mem=2.00 GB")]
@@ -137,5 +138,7 @@ def test_sizes_are_gib_not_decimal():
 
 
 def test_k_and_v_sizes_add_up():
-    (ev,) = parse_line("[2025-07-20 10:00:00 TP0] KV Cache is allocated. #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB")
+    (ev,
+     ) = parse_line("[2025-07-20 10:00:00 TP0] KV Cache is allocated. #tokens: 367404, K size: 8.23 GB, V size: 8.23 "
+                    "GB")
     assert ev.data["kv_bytes"] == ev.data["k_bytes"] + ev.data["v_bytes"] == 2 * int(round(8.23 * GIB))

@@ -134,7 +134,8 @@ def test_same_report_as_on_the_node(env, remote_lib, fake_node, monkeypatch):
     assert remote["gpus"] == local["gpus"]
     assert steady(remote["findings"], "code") == steady(local["findings"], "code")
     assert steady(remote["recommendations"], "flag") == steady(local["recommendations"], "flag")
-    assert [f["code"] for f in steady(remote["findings"], "code")] == [f["code"] for f in steady(local["findings"], "code")]
+    assert [f["code"] for f in steady(remote["findings"], "code")] == [f["code"] for f in steady(local["findings"],
+                                                                                                 "code")]
 
 
 def test_unknown_host_key_refused_then_accepted_and_remembered(env):
@@ -204,7 +205,8 @@ def test_silent_port_honours_the_deadline_and_spares_other_hosts(env):
     threading.Thread(target=accept, daemon=True).start()
     try:
         start = time.monotonic()
-        code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "3", "--json", "--no-http",
+        code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "3", "--json",
+                                  "--no-http",
                                   "{}@127.0.0.1:{}".format(USER, listener.getsockname()[1]), "node"])
         took = time.monotonic() - start
     finally:
@@ -223,7 +225,8 @@ def test_remote_without_python3(env):
     assert t["status"] == "error" and "no python3" in t["problems"][0]["message"]
 
 
-@pytest.mark.parametrize("value", ["/tmp/kvf-x;touch /tmp/kvf-owned-1", "$(touch /tmp/kvf-owned-2)", "`touch /tmp/kvf-owned-3`"])
+@pytest.mark.parametrize("value", ["/tmp/kvf-x;touch /tmp/kvf-owned-1", "$(touch /tmp/kvf-owned-2)",
+                                   "`touch /tmp/kvf-owned-3`"])
 def test_hostile_log_paths_are_data(env, value):
     code, (t,), err = _run(env, "node", "--log", value)
     assert t["status"] in ("ok", "partial")
@@ -338,7 +341,8 @@ def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node
             os.chmod(os.path.join(folder, name), 0o755)
         p = probe.build({"nvml_lib": os.path.join(folder, "libnvidia-ml.so.1"), "http": False})
         env = {k: v for k, v in os.environ.items() if k != "FAKE_NVML_SCENARIO"}  # use the scenario beside the copy
-        proc = subprocess.run(["/usr/bin/python3", "-I", "-"], input=p.script, capture_output=True, timeout=60, cwd=folder,
+        proc = subprocess.run(["/usr/bin/python3", "-I", "-"], input=p.script, capture_output=True, timeout=60,
+                              cwd=folder,
                               env=env, preexec_fn=lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid)))
         snap = probe.parse_answer(proc.stdout, p)
     finally:
@@ -365,7 +369,8 @@ def test_keys_from_a_real_ssh_agent(env, server, keys, tmp_path, monkeypatch):
         deadline = time.time() + 10
         while not sock.exists() and time.time() < deadline:
             time.sleep(0.05)
-        subprocess.run(["ssh-add", "-q", str(keys["client"])], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)), check=True)
+        subprocess.run(["ssh-add", "-q", str(keys["client"])], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
+                       check=True)
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
         monkeypatch.setenv("HOME", str(tmp_path))  # no default identities to fall back on
         cfg = client_config(tmp_path / "cfg_agent", {"viaagent": {

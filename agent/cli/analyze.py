@@ -35,7 +35,9 @@ def analyze(
     fail_on: FailOn = FAIL_ON,
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
-    exact_lines: Annotated[bool, typer.Option("--exact-lines", help="Count line numbers even in huge logs (reads the whole file).")] = False,
+    exact_lines: Annotated[bool, typer.Option("--exact-lines",
+                                              help="Count line numbers even in huge logs (reads the whole "
+                                                   "file).")] = False,
     color: Color = None,
 ) -> None:
     """Explain an SGLang server's GPU memory from its startup log, offline."""

@@ -44,4 +44,5 @@ def history_cmd(
     if as_json:
         sys.stdout.write(json.dumps(history_report.to_json(path, since, runs), indent=2) + "\n")
     else:
-        sys.stdout.write(history_report.render(path, since, runs, plots, color=use_color(color), width=terminal_width()))
+        sys.stdout.write(history_report.render(path, since, runs, plots, color=use_color(color),
+                                               width=terminal_width()))

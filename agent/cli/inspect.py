@@ -54,10 +54,16 @@ Result = TargetResult
 
 
 def inspect(
-    targets: Annotated[Optional[List[str]], typer.Argument(help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this machine.", show_default=False)] = None,
-    hosts_file: Annotated[Optional[str], typer.Option("--hosts-file", help="Read targets from a file: one per line, '#' comments.")] = None,
+    targets: Annotated[Optional[List[str]],
+                       typer.Argument(help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this "
+                                           "machine.", show_default=False)] = None,
+    hosts_file: Annotated[Optional[str], typer.Option("--hosts-file",
+                                                      help="Read targets from a file: one per line, '#' "
+                                                           "comments.")] = None,
     as_json: ReportJson = False,
-    detail: Annotated[bool, typer.Option("--detail", help="With several hosts, print each host's full report after the summary.")] = False,
+    detail: Annotated[bool, typer.Option("--detail",
+                                         help="With several hosts, print each host's full report after the "
+                                              "summary.")] = False,
     fail_on: FailOn = FAIL_ON,
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
@@ -65,15 +71,25 @@ def inspect(
     log: Log = None,
     startup: Startup = -1,
     model_config: ModelConfig = None,
-    save: Annotated[Optional[str], typer.Option("--save", help="Also write everything collected to this JSON evidence bundle (one target).")] = None,
-    from_file: Annotated[Optional[str], typer.Option("--from", help="Analyse an evidence bundle written by --save instead of a host.")] = None,
+    save: Annotated[Optional[str], typer.Option("--save",
+                                                help="Also write everything collected to this JSON evidence bundle "
+                                                     "(one target).")] = None,
+    from_file: Annotated[Optional[str], typer.Option("--from",
+                                                     help="Analyse an evidence bundle written by --save instead of a "
+                                                          "host.")] = None,
     http: Http = True,
-    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", help="OpenSSH client config to use (default ~/.ssh/config).")] = None,
-    accept_new_host_keys: Annotated[bool, typer.Option("--accept-new-host-keys", help="Record unknown hosts' keys (like StrictHostKeyChecking accept-new); changed keys are always refused.")] = False,
+    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config",
+                                                      help="OpenSSH client config to use (default "
+                                                           "~/.ssh/config).")] = None,
+    accept_new_host_keys: Annotated[bool, typer.Option("--accept-new-host-keys",
+                                                       help="Record unknown hosts' keys (like StrictHostKeyChecking "
+                                                            "accept-new); changed keys are always refused.")] = False,
     parallel: Annotated[int, typer.Option("--parallel", help="Hosts inspected at once.")] = 16,
     db: Db = None,
     engine: Engine = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Deadline per host, in seconds (connect, authenticate, probe).")] = 30.0,
+    timeout: Annotated[float, typer.Option("--timeout",
+                                           help="Deadline per host, in seconds (connect, authenticate, "
+                                                "probe).")] = 30.0,
     color: Color = None,
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""

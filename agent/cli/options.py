@@ -30,24 +30,43 @@ REQUEST_TOKENS = 8192
 FAIL_ON = "warning"
 
 # The analysis: analyze, inspect and record.
-Margin = Annotated[float, typer.Option("--margin", help="GiB to keep free for runtime activations when sizing recommendations.")]
-RequestTokens = Annotated[int, typer.Option("--request-tokens", help="Tokens per request (prompt + output) for concurrency estimates.")]
-ModelConfig = Annotated[Optional[str], typer.Option("--model-config", help="config.json or the model directory, to compute bytes per token from the architecture (live: default from --model-path).")]
-Startup = Annotated[int, typer.Option("--startup", help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
+Margin = Annotated[float, typer.Option("--margin",
+                                       help="GiB to keep free for runtime activations when sizing recommendations.")]
+RequestTokens = Annotated[int, typer.Option("--request-tokens",
+                                            help="Tokens per request (prompt + output) for concurrency estimates.")]
+ModelConfig = Annotated[Optional[str], typer.Option("--model-config",
+                                                    help="config.json or the model directory, to compute bytes per "
+                                                         "token from the architecture (live: default from "
+                                                         "--model-path).")]
+Startup = Annotated[int, typer.Option("--startup",
+                                      help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
 
 # The report: analyze and inspect.
 ReportJson = Annotated[bool, typer.Option("--json", help="Print the JSON report (schema kvforensics.report/1).")]
-FailOn = Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at least this severe: info, warning, error, critical, never.")]
-Color = Annotated[Optional[bool], typer.Option("--color/--no-color", help="Force colour on or off (default: on for a terminal).")]
+FailOn = Annotated[str, typer.Option("--fail-on",
+                                     help="Exit 1 when a finding is at least this severe: info, warning, error, "
+                                          "critical, never.")]
+Color = Annotated[Optional[bool], typer.Option("--color/--no-color",
+                                               help="Force colour on or off (default: on for a terminal).")]
 
 # Collecting from a node: inspect, record and watch.
-NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib", help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this path (on the inspected host).")]
-Http = Annotated[bool, typer.Option("--http/--no-http", help="Ask the engine's loopback HTTP API for live metrics (KV usage, load).")]
-Log = Annotated[Optional[str], typer.Option("--log", help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found from the process).")]
-Engine = Annotated[Optional[int], typer.Option("--engine", help="Port of the SGLang server to explain when a node runs several (default: the one holding most GPU memory).")]
+NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib",
+                                                help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this "
+                                                     "path (on the inspected host).")]
+Http = Annotated[bool, typer.Option("--http/--no-http",
+                                    help="Ask the engine's loopback HTTP API for live metrics (KV usage, load).")]
+Log = Annotated[Optional[str], typer.Option("--log",
+                                            help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found "
+                                                 "from the process).")]
+Engine = Annotated[Optional[int], typer.Option("--engine",
+                                               help="Port of the SGLang server to explain when a node runs several "
+                                                    "(default: the one holding most GPU memory).")]
 
 # The history database: record writes it, inspect, history and watch read it.
-Db = Annotated[Optional[str], typer.Option("--db", help="History database (default $KVFORENSICS_DB, /var/lib/kvforensics/history.db as root, else ~/.local/state/kvforensics/history.db).")]
+Db = Annotated[Optional[str], typer.Option("--db",
+                                           help="History database (default $KVFORENSICS_DB, "
+                                                "/var/lib/kvforensics/history.db as root, else "
+                                                "~/.local/state/kvforensics/history.db).")]
 
 
 class UsageProblem(Exception):

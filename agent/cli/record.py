@@ -27,10 +27,14 @@ from agent.cli.options import (
 
 def record(
     db: Db = None,
-    prom_file: Annotated[Optional[str], typer.Option("--prom-file", help="Write a Prometheus textfile here (atomically), for node_exporter's textfile collector.")] = None,
+    prom_file: Annotated[Optional[str], typer.Option("--prom-file",
+                                                     help="Write a Prometheus textfile here (atomically), for "
+                                                          "node_exporter's textfile collector.")] = None,
     samples: Annotated[int, typer.Option("--samples", help="Snapshots to take in this run.")] = 1,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between snapshots.")] = 10.0,
-    keep: Annotated[Optional[str], typer.Option("--keep", help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps all.")] = "30d",
+    keep: Annotated[Optional[str], typer.Option("--keep",
+                                                help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps "
+                                                     "all.")] = "30d",
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
     nvml_lib: NvmlLib = None,
@@ -76,7 +80,8 @@ def record(
     if prom_file:
         lows = {lw.gpu: lw for lw in result.stats.gpus}
         try:
-            prometheus.write(prom_file, prometheus.registry(result.inspection, lows, result.stats.samples, opts.margin_bytes))
+            prometheus.write(prom_file, prometheus.registry(result.inspection, lows, result.stats.samples,
+                                                            opts.margin_bytes))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
     if not quiet:

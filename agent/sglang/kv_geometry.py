@@ -92,12 +92,14 @@ def _mla(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era,
         # layer in the budget from 0.5.17, except with the trtllm DSA backend (576 × elem before, and
         # without fp8); the indexer's uint8 keys (+ scales) are in the cell from 0.5.4.
         if elem == 1.0 and era.at_least((0, 5, 17)) and nsa_backend != "trtllm":
-            per_layer, how = latent + latent // 128 * 4 + rope * 2, "({} + {}/128×4 + {}×2)".format(latent, latent, rope)
+            per_layer, how = latent + latent // 128 * 4 + rope * 2, "({} + {}/128×4 + {}×2)".format(latent, latent,
+                                                                                                    rope)
         else:
             per_layer, how = int((latent + rope) * elem), "({} + {}) × {:g} B".format(latent, rope, elem)
         indexer = index_dim + index_dim // 128 * 4 if era.at_least((0, 5, 4)) else 0
         return KvGeometry("nsa", n_layers, (per_layer + indexer) * n_layers, dtype,
-                          "({}{}) × {} layers".format(how, " + indexer {}".format(indexer) if indexer else "", n_layers))
+                          "({}{}) × {} layers".format(how, " + indexer {}".format(indexer) if indexer else "",
+                                                      n_layers))
     base = int((latent + rope) * n_layers * elem)
     if elem == 0.5:  # fp4: one scale byte per 16 values
         base += ((latent + rope) // 16) * n_layers

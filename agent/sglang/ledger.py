@@ -163,7 +163,8 @@ def _workspace(rank: RankEvents, runner: RunnerEvents, ledger: RunnerLedger) -> 
     if gap < 0:
         return ledger
     sources = dict(ledger.sources)
-    sources["workspace_bytes"] = "{}: attention workspaces: last Memory pool end ({}) − first Capture … begin avail".format(
+    sources["workspace_bytes"] = ("{}: attention workspaces: last Memory pool end ({}) − first Capture … begin "
+                                  "avail").format(
         where(first), where(prev))
     return replace(ledger, workspace_bytes=gap, sources=sources)
 

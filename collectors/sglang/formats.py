@@ -242,7 +242,8 @@ def _graph_clues(end: bool) -> Tuple:  # type: ignore[type-arg]
     return tuple(clues)
 
 
-def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywhere: bool = False) -> LineFormat:  # type: ignore[no-untyped-def]
+def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues,
+         anywhere: bool = False) -> LineFormat:  # type: ignore[no-untyped-def]
     return LineFormat(name, kind, needle, re.compile(pattern), extract, tuple(clues), anywhere)
 
 
@@ -352,12 +353,14 @@ FORMATS: Tuple[LineFormat, ...] = (
          + _NUM + r") GB free", _host_short, anywhere=True),
     _row("graph_failed", "failure", "graph failed", r"Capture (?:\w+ )*(?:cuda|CUDA) graph failed",
          _cause("cuda_graph_capture_failed"), anywhere=True),
-    _row("prefill_graph_failed", "failure", "Fail when using backend", r"Fail when using backend: \S+ for prefill runner",
+    _row("prefill_graph_failed", "failure", "Fail when using backend",
+         r"Fail when using backend: \S+ for prefill runner",
          _cause("cuda_graph_capture_failed"), anywhere=True),
     _row("unbalanced_raised", "failure", "memory capacity is unbalanced",
          r"(?:ValueError|RuntimeError|Exception): The memory capacity is unbalanced", _cause("unbalanced_memory"),
          anywhere=True),
-    _row("oom", "failure", "out of memory", r"CUDA out of memory|CUDA error: out of memory", _cause("cuda_out_of_memory"),
+    _row("oom", "failure", "out of memory", r"CUDA out of memory|CUDA error: out of memory",
+         _cause("cuda_out_of_memory"),
          anywhere=True),
     _row("oom_error", "failure", "OutOfMemoryError", r"OutOfMemoryError", _cause("cuda_out_of_memory"), anywhere=True),
     _row("oom_allocator", "failure", "failed with OOM", r"memory allocation failed with OOM on device",
@@ -391,7 +394,8 @@ FORMATS: Tuple[LineFormat, ...] = (
          anywhere=True),
     _row("requests_reduced", "requests_reduced", "was reduced from",
          r"max_running_requests was reduced from the requested (\d+) to (\d+)", _requests_reduced, anywhere=True),
-    _row("cap_ignored", "cap_ignored", "profiled value", r"max_total_tokens=(\d+) is larger than the profiled value (\d+)",
+    _row("cap_ignored", "cap_ignored", "profiled value",
+         r"max_total_tokens=(\d+) is larger than the profiled value (\d+)",
          _cap_ignored, anywhere=True),
 )
 

@@ -70,7 +70,8 @@ def test_0_2_15_to_0_3_0_time_only_prefix_no_kv_line(tmp_path):
     args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1)".format(MFS)
     lines = ["[10:00:00] server_args={}".format(args), "[10:00:01 TP0] Init nccl begin.",
              "[10:00:02 TP0] Load weight begin. avail mem={:.2f} GB".format(PRE),
-             "[10:00:09 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB".format(POST),
+             "[10:00:09 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} "
+             "GB".format(POST),
              "[10:00:10 TP0] Memory pool end. avail mem=9.20 GB",
              "[10:00:11 TP0] max_total_num_tokens={}, max_prefill_tokens=16384, max_running_requests=2047, "
              "context_len=8192".format(t_exp)]
@@ -92,7 +93,8 @@ def test_0_4_2_to_0_4_3_cap_and_req_to_token_rows(tmp_path):
     d = "2025-01-27 10:00:00"
     lines = ["[{}] server_args={}".format(d, args), "[{} TP0] Init torch distributed begin.".format(d),
              "[{} TP0] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
-             "[{} TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB".format(d, POST),
+             "[{} TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB".format(d,
+                                                                                                                 POST),
              "[{} TP0] KV Cache is allocated. K size: {} GB, V size: {} GB.".format(d, _gb(kv), _gb(kv)),
              "[{} TP0] Memory pool end. avail mem=20.00 GB".format(d),
              "[{} TP0] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
@@ -125,7 +127,8 @@ def test_0_4_4_to_0_5_6_eagle_headroom_is_added(tmp_path):
              "[{} TP0] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
              "[{} TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB, "
              "mem usage=39.20 GB.".format(d, POST),
-             "[{} TP0] KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB".format(d, t_exp, _gb(kv), _gb(kv)),
+             "[{} TP0] KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB".format(d, t_exp, _gb(kv),
+                                                                                                _gb(kv)),
              "[{} TP0] Memory pool end. avail mem=7.00 GB".format(d),
              "[{} TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=6.80 GB".format(d),
              "[{} TP0] Capture cuda graph end. Time elapsed: 20.00 s. avail mem=6.00 GB. mem usage=0.80 GB.".format(d),
@@ -153,10 +156,12 @@ def test_0_5_7_to_0_5_13_draft_after_the_pool_no_headroom(tmp_path, straddle):
         kv_line = "KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB"
     else:  # 0.5.13: 'ends. elapsed', load end with quant=, KV line with dtype:
         dist = "Init torch distributed ends. elapsed=3.00 s, mem usage=0.80 GB"
-        end = "Load weight end. elapsed=9.00 s, type=LlamaForCausalLM, quant=None, avail mem={:.2f} GB, mem usage=39.20 GB."
+        end = ("Load weight end. elapsed=9.00 s, type=LlamaForCausalLM, quant=None, avail mem={:.2f} GB, "
+               "mem usage=39.20 GB.")
         kv_line = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB"
     lines = ["[{}] server_args={}".format(d, args), "[{} TP0] {}".format(d, dist),
-             "[{} TP0] Load weight begin. avail mem={:.2f} GB".format(d, PRE), "[{} TP0] {}".format(d, end.format(POST)),
+             "[{} TP0] Load weight begin. avail mem={:.2f} GB".format(d, PRE), "[{} TP0] {}".format(d,
+                                                                                                    end.format(POST)),
              "[{} TP0] {}".format(d, kv_line.format(profiled, _gb(kv), _gb(kv))),
              "[{} TP0] Memory pool end. avail mem=7.00 GB".format(d),
              "[{} TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=6.90 GB".format(d),
@@ -191,12 +196,14 @@ def test_0_5_14_mla_target_with_an_mha_eagle3_draft(tmp_path):
     args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1, speculative_algorithm='EAGLE3')".format(MFS)
     lines = ["[{}] server_args={}".format(d, args),
              "[{}] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
-             "[{}] Load weight end. elapsed=9.00 s, type=KimiK25ForConditionalGeneration, quant=None, avail mem={:.2f} GB, "
+             "[{}] Load weight end. elapsed=9.00 s, type=KimiK25ForConditionalGeneration, quant=None, avail mem={:.2f} "
+             "GB, "
              "mem usage=40.00 GB.".format(d, POST),
              "[{}] Load weight begin. avail mem={:.2f} GB".format(d, POST),
              "[{}] Load weight end. elapsed=1.00 s, type=LlamaForCausalLMEagle3, quant=None, avail mem={:.2f} GB, "
              "mem usage=1.00 GB.".format(d, post_draft),
-             "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, KV size: {} GB".format(d, t_exp, _gb(kv_target)),
+             "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, KV size: {} GB".format(d, t_exp,
+                                                                                                     _gb(kv_target)),
              "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB".format(
                  d, t_exp, _gb(kv_draft / 2), _gb(kv_draft / 2)),
              "[{}] Memory pool end. avail mem=5.00 GB".format(d),
@@ -278,7 +285,8 @@ V3_2 = dict(KIMI_MLA, index_head_dim=128)
 ])
 def test_cells_per_release(cfg, dtype, era, backend, pp, expected):
     v = tuple(int(x) for x in era.split("."))
-    g = geometry(cfg, kv_cache_dtype=dtype, era=Era(v, v, ()), nsa_backend=backend, pp_size=pp)  # type: ignore[arg-type]
+    g = geometry(cfg, kv_cache_dtype=dtype, era=Era(v, v, ()), nsa_backend=backend,
+                 pp_size=pp)  # type: ignore[arg-type]
     assert g.bytes_per_token == expected, g.formula
 
 
