@@ -241,26 +241,29 @@ def kv_geometry_check(a: Analysis) -> Iterator[Finding]:
                   "whether the right config.json was given.".format(g.formula, g.dtype), None, _ev(r, "kv_bytes"))
 
 
+# SGLang's own adjustments and notes, as findings: event kind → (code, severity, title from the data).
+_NOTES = {
+    "mfs_adjusted": ("mem_fraction_adjusted", "info", lambda d: "SGLang lowered --mem-fraction-static from {:g} to "
+                     "{:g} for the vision tower".format(d["from"], d["to"])),
+    "requests_reduced": ("max_running_requests_reduced", "warning", lambda d: "max_running_requests was cut from {} "
+                         "to {} by the KV capacity".format(d["requested"], d["effective"])),
+    "cap_ignored": ("max_total_tokens_ignored", "info", lambda d: "--max-total-tokens {:,} exceeded the profiled {:,} "
+                    "and was ignored".format(d["requested"], d["profiled"])),
+    "hicache_host": ("hicache_host_pool", "info", lambda d: "HiCache host pool: {:.2f} GB of host RAM per "
+                     "rank{}".format(d["host_bytes"] / 1e9, ", {:,} tokens".format(d["tokens"]) if d.get("tokens") else "")),
+}
+
+
 def startup_notes(a: Analysis) -> Iterator[Finding]:
     for ev in a.attributed.other:
-        if ev.kind == "mfs_adjusted":
-            yield Finding("mem_fraction_adjusted", "info",
-                          "SGLang lowered --mem-fraction-static from {:g} to {:g} for the vision tower".format(
-                              ev.data["from"], ev.data["to"]), ev.text, None, (where(ev),))
-        elif ev.kind == "requests_reduced":
-            yield Finding("max_running_requests_reduced", "warning",
-                          "max_running_requests was cut from {} to {} by the KV capacity".format(
-                              ev.data["requested"], ev.data["effective"]), ev.text, None, (where(ev),))
-        elif ev.kind == "cap_ignored":
-            yield Finding("max_total_tokens_ignored", "info",
-                          "--max-total-tokens {:,} exceeded the profiled {:,} and was ignored".format(
-                              ev.data["requested"], ev.data["profiled"]), ev.text, None, (where(ev),))
-        elif ev.kind == "hicache_host":
-            yield Finding("hicache_host_pool", "info",
-                          "HiCache host pool: {:.2f} GB of host RAM per rank{}".format(
-                              ev.data["host_bytes"] / 1e9,
-                              ", {:,} tokens".format(ev.data["tokens"]) if ev.data.get("tokens") else ""),
-                          ev.text + " (decimal GB: HiCache sizes use 1e9)", ev.data["host_bytes"], (where(ev),))
+        if ev.kind not in _NOTES:
+            continue
+        code, severity, title = _NOTES[ev.kind]
+        if ev.kind == "hicache_host":
+            yield Finding(code, severity, title(ev.data), ev.text + " (decimal GB: HiCache sizes use 1e9)",
+                          ev.data["host_bytes"], (where(ev),))
+        else:
+            yield Finding(code, severity, title(ev.data), ev.text, None, (where(ev),))
 
 
 # SGLang's own log rules, in report order (agent/rulebook.py places them among the others).
