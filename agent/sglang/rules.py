@@ -249,8 +249,8 @@ _NOTES = {
                          "to {} by the KV capacity".format(d["requested"], d["effective"])),
     "cap_ignored": ("max_total_tokens_ignored", "info", lambda d: "--max-total-tokens {:,} exceeded the profiled {:,} "
                     "and was ignored".format(d["requested"], d["profiled"])),
-    "hicache_host": ("hicache_host_pool", "info", lambda d: "HiCache host pool: {:.2f} GB of host RAM per rank{}".format(
-        d["host_bytes"] / 1e9, ", {:,} tokens".format(d["tokens"]) if d.get("tokens") else "")),
+    "hicache_host": ("hicache_host_pool", "info", lambda d: "HiCache host pool: {:.2f} GB of host RAM per rank{}"
+                     .format(d["host_bytes"] / 1e9, ", {:,} tokens".format(d["tokens"]) if d.get("tokens") else "")),
 }
 
 
