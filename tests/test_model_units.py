@@ -63,11 +63,12 @@ def test_era_from_line_shapes():
 
 
 def test_ledger_and_attribution_from_events():
-    events = parse_lines(["[t] server_args=ServerArgs(speculative_algorithm='EAGLE')".replace("[t]", "[2025-06-24 10:00:00]"),
-                          "[2025-06-24 10:00:00 TP0] Load weight begin. avail mem=80.00 GB",
-                          "[2025-06-24 10:00:00 TP0] Load weight end. type=L, dtype=x, avail mem=40.00 GB, mem usage=39.00 GB.",
-                          "[2025-06-24 10:00:00 TP0] Load weight begin. avail mem=10.00 GB",
-                          "[2025-06-24 10:00:00 TP0] Load weight end. type=LEagle, dtype=x, avail mem=9.00 GB, mem usage=1.00 GB."])
+    d = "[2025-06-24 10:00:00 TP0] "
+    events = parse_lines(["[2025-06-24 10:00:00] server_args=ServerArgs(speculative_algorithm='EAGLE')",
+                          d + "Load weight begin. avail mem=80.00 GB",
+                          d + "Load weight end. type=L, dtype=x, avail mem=40.00 GB, mem usage=39.00 GB.",
+                          d + "Load weight begin. avail mem=10.00 GB",
+                          d + "Load weight end. type=LEagle, dtype=x, avail mem=9.00 GB, mem usage=1.00 GB."])
     (startup,) = segment_lines([(i + 1, 0, e.raw) for i, e in enumerate(events)])
     (rank,) = attribute(startup).ranks
     assert rank.has_draft
