@@ -54,8 +54,8 @@ def lowest_free(insp: Inspection) -> Optional[Headroom]:
     """The engine's least free GPU: the run's low-water mark when recorded history holds at
     least two samples, else NVML now."""
     gpus = [g for g in insp.engine_gpus if g.free_bytes is not None]
-    if not gpus:
-        return None
+    if not gpus or any(g.status == "lost" for g in insp.gpus):
+        return None  # a lost GPU: the engine is down or degraded, nothing is "unused"
     now = min(gpus, key=lambda g: g.free_bytes or 0)
     assert now.free_bytes is not None
     evidence = "nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(now.index)

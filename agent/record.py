@@ -28,6 +28,7 @@ class RecordResult:
     samples_written: int
     pruned: int
     moved_aside: Optional[str]
+    run_min: Dict[int, int]  # gpu -> least free memory over this invocation's samples
 
 
 def boot_id(root: str = "/") -> str:
@@ -77,6 +78,7 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
     opened = history.open_db(db_path)
     conn = opened.conn
     written = 0
+    run_min: Dict[int, int] = {}
     insp: Optional[Inspection] = None
     run_id = -1
     try:
@@ -99,6 +101,8 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
                 bytes_per_token=a.budget.cell_bytes if a else None)
             gpus: List[Dict[str, Any]] = []
             for g in insp.gpus:
+                if g.free_bytes is not None:
+                    run_min[g.index] = min(g.free_bytes, run_min.get(g.index, g.free_bytes))
                 engine_used = g.held_by(Owner.ENGINE) if g.rank else None
                 gpus.append({"gpu": g.index, "uuid": g.uuid, "rank": g.rank, "total_bytes": g.total_bytes,
                              "reserved_bytes": g.reserved_bytes, "used_bytes": g.used_bytes, "free_bytes": g.free_bytes,
@@ -111,7 +115,7 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
         assert insp is not None
         # Findings and recommendations now rest on the run's history, not only the last look.
         insp = inspect_snapshot(insp.snapshot, target, opts, history=stats)  # already typed
-        return RecordResult(insp, stats, written, pruned, opened.moved_aside)
+        return RecordResult(insp, stats, written, pruned, opened.moved_aside, run_min)
     finally:
         conn.close()
 

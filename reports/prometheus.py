@@ -22,8 +22,10 @@ def engine_label(insp: Inspection) -> Optional[str]:
 
 
 def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, samples: Optional[int] = None,
-             margin_bytes: int = 0):
-    """A CollectorRegistry holding one node's metrics. ``low_water``: gpu -> GpuLowWater."""
+             run_min: Optional[Dict[int, int]] = None):
+    """A CollectorRegistry holding one node's metrics. ``low_water``: gpu -> GpuLowWater of the engine
+    run (also the source of a lost GPU's uuid and rank, so its series keep their labels);
+    ``run_min``: gpu -> the least free memory over this record invocation's samples."""
     from prometheus_client import CollectorRegistry, Gauge
 
     reg = CollectorRegistry()
@@ -31,7 +33,31 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
     def gauge(name: str, doc: str, labels=()):
         return Gauge(PREFIX + name, doc, list(labels), registry=reg)
 
+    _gpus(gauge, insp, low_water or {}, run_min or {})
+    _engine(gauge, insp, samples)
+    findings = gauge("findings", "Findings of the last run, by code and severity.", ("code", "severity"))
+    counts: Dict[tuple, int] = {}
+    for f in insp.findings:
+        counts[(f.code, f.severity)] = counts.get((f.code, f.severity), 0) + 1
+    for (code, severity), n in counts.items():
+        findings.labels(code, severity).set(n)
+    _collectors(gauge, insp)
+    hm = insp.host_memory
+    for key, doc in (("total_bytes", "Host RAM (MemTotal)."),
+                     ("available_bytes", "Host RAM available (MemAvailable, cgroup-bounded).")):
+        if hm.get(key) is not None:
+            gauge("host_memory_" + key, doc).set(hm.get(key))
+    gauge("margin_bytes", "--margin: memory kept free for runtime activations (the low-water alert's "
+          "threshold).").set(insp.options.margin_bytes)
+    if not insp.collected_nothing:  # a run that saw nothing did not succeed: RecordNotRunning may fire
+        gauge("last_success_timestamp_seconds", "When kvforensics record last completed having collected "
+              "something (Unix time).").set(time.time())
+    return reg
+
+
+def _gpus(gauge, insp: Inspection, low_water: Dict[int, Any], run_min: Dict[int, int]) -> None:  # type: ignore[no-untyped-def]
     gpu_labels = ("gpu", "uuid")
+    engine_labels = ("gpu", "uuid", "engine", "rank")
     total = gauge("gpu_memory_total_bytes", "GPU memory, from nvmlDeviceGetMemoryInfo_v2 total.", gpu_labels)
     reserved = gauge("gpu_memory_reserved_bytes", "Memory the driver reserves (nvmlDeviceGetMemoryInfo_v2).",
                      gpu_labels)
@@ -40,63 +66,66 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
     free = gauge("gpu_memory_free_bytes", "Free GPU memory now (nvmlDeviceGetMemoryInfo_v2).", gpu_labels)
     up = gauge("gpu_up", "1 if NVML answers for this GPU, 0 if it is lost.", gpu_labels)
     low = gauge("gpu_memory_free_low_water_bytes",
-                "Lowest free GPU memory seen in the current engine run (kvforensics record history).",
-                ("gpu", "uuid", "engine", "rank"))
+                "Lowest free GPU memory seen in the current engine run (kvforensics record history).", engine_labels)
+    run_low = gauge("gpu_memory_free_min_bytes", "Lowest free GPU memory over this record run's samples (the "
+                    "low-water alert's window is taken over these).", engine_labels)
     engine = engine_label(insp)
     for g in insp.gpus:
-        labels = (str(g.index), g.uuid or "")
-        up.labels(*labels).set(0 if g.status == "lost" else 1)
-        for metric, value in ((total, g.total_bytes), (reserved, g.reserved_bytes), (used, g.used_bytes), (free,
-                                                                                                           g.free_bytes)):
+        lw = low_water.get(g.index)
+        # A lost GPU answers no UUID: keep the last good sample's, so its series stay the same series.
+        uuid = g.uuid or (lw.uuid if lw is not None else None) or ""
+        rank = g.rank or (lw.rank if lw is not None else None) or ""
+        up.labels(str(g.index), uuid).set(0 if g.status == "lost" else 1)
+        for metric, value in ((total, g.total_bytes), (reserved, g.reserved_bytes), (used, g.used_bytes),
+                              (free, g.free_bytes)):
             if value is not None:  # unknown is absent, never 0
-                metric.labels(*labels).set(value)
-        lw = (low_water or {}).get(g.index)
-        if lw is not None and lw.min_free_bytes is not None and engine is not None:
-            low.labels(str(g.index), g.uuid or "", engine, g.rank or "").set(lw.min_free_bytes)
+                metric.labels(str(g.index), uuid).set(value)
+        if engine is None or not rank:
+            continue
+        if lw is not None and lw.min_free_bytes is not None:
+            low.labels(str(g.index), uuid, engine, rank).set(lw.min_free_bytes)
+        if run_min.get(g.index) is not None:
+            run_low.labels(str(g.index), uuid, engine, rank).set(run_min[g.index])
+
+
+def _engine(gauge, insp: Inspection, samples: Optional[int]) -> None:  # type: ignore[no-untyped-def]
+    engine = engine_label(insp)
+    if engine is None:
+        return
     a = insp.analysis
-    if engine is not None and a is not None:
-        kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.", ("engine",
-                                                                                                           "rank"))
+    if a is not None:
+        kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.",
+                         ("engine", "rank"))
         for r in a.ranks:
             if r.target.kv_bytes is not None:
                 kv_bytes.labels(engine, r.rank).set(r.target.kv_bytes)
         if a.summary.max_total_num_tokens is not None:
             gauge("engine_kv_pool_tokens", "KV pool capacity in tokens (max_total_num_tokens).", ("engine",)).labels(
                 engine).set(a.summary.max_total_num_tokens)
-    if engine is not None:
-        from agent.node_rules import unused_bytes
-        from agent.rulebook import Context
+    from agent.node_rules import unused_bytes
+    from agent.rulebook import Context
 
-        # The same figure as the unused_gpu_memory finding: the run's low-water mark when
-        # recorded history holds one, else NVML now; never negative.
-        unused = unused_bytes(Context.on_node(insp))
-        if unused is not None:
-            gauge("engine_unused_bytes", "Free memory on the engine's least-free GPU beyond the margin, at the run's "
-                  "low-water mark when recorded (what a higher --mem-fraction-static could give the KV pool).",
-                  ("engine",)).labels(engine).set(unused)
-        if samples is not None:
-            gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",
-                                                                                        )).labels(engine).set(samples)
-    findings = gauge("findings", "Findings of the last run, by code and severity.", ("code", "severity"))
-    counts: Dict[tuple, int] = {}
-    for f in insp.findings:
-        counts[(f.code, f.severity)] = counts.get((f.code, f.severity), 0) + 1
-    for (code, severity), n in counts.items():
-        findings.labels(code, severity).set(n)
-    ok = gauge("collector_success",
-               "0 if the collector failed; 1 if it ran (absent = nothing to collect is not a failure).", ("collector",))
+    # The same figure as the unused_gpu_memory finding: the run's low-water mark when recorded
+    # history holds one, else NVML now; never negative; absent when a GPU is lost.
+    unused = unused_bytes(Context.on_node(insp))
+    if unused is not None:
+        gauge("engine_unused_bytes", "Free memory on the engine's least-free GPU beyond the margin, at the run's "
+              "low-water mark when recorded (what a higher --mem-fraction-static could give the KV pool).",
+              ("engine",)).labels(engine).set(unused)
+    if samples is not None:
+        gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",)).labels(engine).set(
+            samples)
+
+
+def _collectors(gauge, insp: Inspection) -> None:  # type: ignore[no-untyped-def]
+    ok = gauge("collector_success", "0 if the collector failed (nvml also when there is no NVIDIA library or "
+               "driver); 1 if it ran (for the others absent = nothing to collect is not a failure).", ("collector",))
     dur = gauge("collector_duration_seconds", "Time the collector took.", ("collector",))
     for run in insp.snapshot.collector_runs:
-        ok.labels(run.name).set(0 if run.status == "failed" else 1)
+        failed = run.status == "failed" or (run.name == "nvml" and run.status == "absent")
+        ok.labels(run.name).set(0 if failed else 1)
         if run.duration_s is not None:
             dur.labels(run.name).set(run.duration_s)
-    hm = insp.host_memory
-    for key, doc in (("total_bytes", "Host RAM (MemTotal)."), ("available_bytes",
-                                                               "Host RAM available (MemAvailable, cgroup-bounded).")):
-        if hm.get(key) is not None:
-            gauge("host_memory_" + key, doc).set(hm.get(key))
-    gauge("last_success_timestamp_seconds", "When kvforensics record last completed (Unix time).").set(time.time())
-    return reg
 
 
 def write(path: str, reg) -> None:

@@ -288,7 +288,7 @@ def test_alert_rules_parse_and_use_exported_metrics():
     rules = yaml.safe_load((ROOT / "deploy" / "kvforensics.rules.yml").read_text())
     exported = {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_low_water_bytes", "kvforensics_gpu_up",
                 "kvforensics_collector_success", "kvforensics_last_success_timestamp_seconds",
-                "node_textfile_mtime_seconds"}
+                "kvforensics_gpu_memory_free_min_bytes", "kvforensics_margin_bytes", "node_textfile_mtime_seconds"}
     names = set()
     for group in rules["groups"]:
         assert group["name"] and group["rules"]
@@ -300,7 +300,7 @@ def test_alert_rules_parse_and_use_exported_metrics():
             for metric in re.findall(r"\b(kvforensics_\w+|node_\w+)", expr):
                 assert metric in exported, metric
                 names.add(metric)
-    assert {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_low_water_bytes",
+    assert {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_min_bytes", "kvforensics_margin_bytes",
             "kvforensics_collector_success", "node_textfile_mtime_seconds"} <= names
 
 
@@ -351,3 +351,53 @@ def test_peak_kv_usage_from_live_metrics(tmp_path, monkeypatch):
     run = json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]
     assert run["peak_used_tokens"] == 151000 and run["peak_token_usage"] == 0.95
     assert run["engine"] == "sglang-{}".format(server.server_address[1])
+
+
+def _families(prom):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+
+
+def _sample(families, name, **labels):
+    family = families.get(name)
+    samples = family.samples if family is not None else ()
+    return next((s for s in samples if all(s.labels.get(k) == v for k, v in labels.items())), None)
+
+
+def test_a_run_that_collects_nothing_is_not_a_success(tmp_path, monkeypatch):
+    """No NVIDIA library, no engine, no host memory to speak of: exit 3, nvml is a failing collector,
+    and last_success is not written, so KvforensicsRecordNotRunning can fire."""
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(tmp_path / "none"))
+    prom = tmp_path / "k.prom"
+    code, out, err = run_cli(["record", "--db", str(tmp_path / "h.db"), "--nvml-lib", str(tmp_path / "absent.so"),
+                              "--no-http", "--prom-file", str(prom)])
+    fams = _families(prom)
+    assert _sample(fams, "kvforensics_collector_success", collector="nvml").value == 0
+    if code == 3:  # this machine has no SGLang engine either: nothing at all was collected
+        assert "kvforensics_last_success_timestamp_seconds" not in fams
+
+
+def test_the_low_water_alert_reads_this_runs_minimum_and_the_margin(node, tmp_path):
+    prom = tmp_path / "k.prom"
+    _set_free(node, [5.06] * 8)
+    code, out, err = _record(tmp_path / "h.db", prom, "--margin", "3")
+    fams = _families(prom)
+    assert _sample(fams, "kvforensics_margin_bytes").value == 3 * GIB
+    assert _sample(fams, "kvforensics_gpu_memory_free_min_bytes", gpu="2", rank="TP2",
+                   engine="sglang-1").value == int(5.06 * GIB)
+
+
+def test_a_lost_gpu_keeps_its_labels_and_stops_the_unused_figure(node, tmp_path):
+    db, prom = tmp_path / "h.db", tmp_path / "k.prom"
+    _record(db, prom)
+    uuid = _sample(_families(prom), "kvforensics_gpu_up", gpu="5").labels["uuid"]
+    assert uuid.startswith("GPU-")
+    text = node.scenario.read_text().splitlines()
+    node.scenario.write_text("\n".join(x + " state=lost" if x.startswith("gpu 5 ") else x for x in text) + "\n")
+    _record(db, prom)
+    fams = _families(prom)
+    lost = _sample(fams, "kvforensics_gpu_up", gpu="5")
+    assert lost.value == 0 and lost.labels["uuid"] == uuid  # the same series as before, not a new one
+    assert _sample(fams, "kvforensics_engine_unused_bytes") is None  # never "unused" beside a lost GPU
+    assert _sample(fams, "kvforensics_findings", code="gpu_lost").value == 1

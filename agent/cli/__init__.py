@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from agent import exitcodes
-from agent.cli import analyze, history, inspect, probe, record, watch
+from agent.cli import analyze, deploy, history, inspect, probe, record, watch
 from agent.cli.options import UsageProblem
 
 __all__ = ["app", "entry", "main", "UsageProblem"]
@@ -40,6 +40,8 @@ app.command("record", short_help="Sample into history; export Prometheus metrics
 app.command("history", short_help="Low-water free memory and peak KV use over time.")(history.history_cmd)
 app.command("watch", short_help="Live view of free GPU memory and KV usage.")(watch.watch)
 app.command("probe", short_help="Write the exact probe shipped to inspected hosts.")(probe.probe)
+app.command("deploy-files", short_help="Write the cron line, systemd units and alert rules.")(deploy.deploy_files)
+app.command("schema", short_help="Print a published JSON Schema (report, snapshot, history).")(deploy.schema)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

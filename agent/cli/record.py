@@ -80,8 +80,9 @@ def record(
     if prom_file:
         lows = {lw.gpu: lw for lw in result.stats.gpus}
         try:
+            _ensure_folder(prom_file)
             prometheus.write(prom_file, prometheus.registry(result.inspection, lows, result.stats.samples,
-                                                            opts.margin_bytes))
+                                                            result.run_min))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
     if not quiet:
@@ -94,3 +95,13 @@ def record(
             "; wrote {}".format(prom_file) if prom_file else ""))
     if result.inspection.collected_nothing:
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
+
+
+def _ensure_folder(path: str) -> None:
+    """The textfile directory may not exist yet on a fresh node (node_exporter packages differ):
+    create it, readable by node_exporter."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        os.makedirs(folder, mode=0o755, exist_ok=True)

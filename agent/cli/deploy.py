@@ -1,0 +1,55 @@
+"""``kvforensics deploy-files`` and ``kvforensics schema``: what a deployment needs, from the installation."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from agent.cli.options import UsageProblem
+
+
+def deploy_files(
+    folder: Annotated[Optional[str], typer.Argument(help="Write the files into this folder.", metavar="DIR",
+                                                    show_default=False)] = None,
+    show: Annotated[bool, typer.Option("--print", help="Print the files instead of writing them.")] = False,
+    binary: Annotated[Optional[str], typer.Option("--bin", metavar="PATH",
+                                                  help="The kvforensics command the units and cron line run "
+                                                       "(default: this installation's).")] = None,
+    textfile_dir: Annotated[Optional[str], typer.Option("--textfile-dir", metavar="DIR",
+                                                        help="node_exporter's --collector.textfile.directory "
+                                                             "(default /var/lib/node_exporter/textfile_collector; "
+                                                             "Debian: /var/lib/prometheus/node-exporter).")] = None,
+) -> None:
+    """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths."""
+    from agent import deploy_files as df
+
+    if (folder is None) == (not show):
+        raise UsageProblem("name a folder to write the files into, or --print them")
+    try:
+        files = df.render(binary or df.installed_binary(), textfile_dir)
+    except df.DeployFilesError as exc:
+        raise UsageProblem(str(exc)) from None
+    if show:
+        for name, text in files.items():
+            sys.stdout.write("# ==> {} <==\n{}\n".format(name, text))
+        return
+    try:
+        written = df.write(folder, files)  # type: ignore[arg-type]
+    except OSError as exc:
+        raise UsageProblem("{}: {}".format(folder, exc.strerror or exc)) from None
+    sys.stdout.write("wrote {}\n".format(", ".join(written)))
+
+
+def schema(
+    name: Annotated[str, typer.Argument(help="report, snapshot or history.", metavar="NAME", show_default=False)],
+) -> None:
+    """Print a published JSON Schema: report (kvforensics.report/1), snapshot or history."""
+    import json
+
+    from agent import evidence
+
+    if name not in ("report", "snapshot", "history"):
+        raise UsageProblem("schema NAME is report, snapshot or history")
+    sys.stdout.write(json.dumps(evidence.schema(name), indent=2, ensure_ascii=False) + "\n")

@@ -1,0 +1,64 @@
+"""The deployment files (cron line, systemd units, alert rules and their promtool tests), from
+wherever kvforensics was installed, with this installation's paths filled in.
+
+They ship in the wheel as data (``share/kvforensics/deploy``) and sit in ``deploy/`` of a
+source checkout; ``kvforensics deploy-files`` writes or prints them, so a pipx install has them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+FILES = ("kvforensics.cron", "kvforensics-record.service", "kvforensics-record.timer", "kvforensics.rules.yml",
+         "kvforensics.rules.test.yml")
+DEFAULT_BIN = "/opt/kvforensics/bin/kvforensics"
+DEFAULT_TEXTFILE_DIR = "/var/lib/node_exporter/textfile_collector"
+
+
+class DeployFilesError(Exception):
+    """The files are not where an installation puts them; one sentence."""
+
+
+def source_dir() -> Path:
+    """A source checkout's deploy/ first (editable installs), then the wheel's data files."""
+    candidates = [Path(__file__).resolve().parent.parent / "deploy",
+                  Path(sys.prefix) / "share" / "kvforensics" / "deploy"]
+    for folder in candidates:
+        if all((folder / name).is_file() for name in FILES):
+            return folder
+    raise DeployFilesError("the deployment files are not installed (looked in {})".format(
+        ", ".join(str(c) for c in candidates)))
+
+
+def render(binary: Optional[str] = None, textfile_dir: Optional[str] = None) -> Dict[str, str]:
+    """Each file's text, with the kvforensics binary and the textfile directory of this host."""
+    folder = source_dir()
+    out = {}
+    for name in FILES:
+        text = (folder / name).read_text(encoding="utf-8")
+        if binary:
+            text = text.replace(DEFAULT_BIN, binary)
+        if textfile_dir:
+            text = text.replace(DEFAULT_TEXTFILE_DIR, textfile_dir.rstrip("/"))
+        out[name] = text
+    return out
+
+
+def write(folder: str, files: Dict[str, str]) -> List[str]:
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        path = os.path.join(folder, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        written.append(path)
+    return written
+
+
+def installed_binary() -> Optional[str]:
+    """The kvforensics entry point next to this interpreter, if there is one (a venv or pipx)."""
+    candidate = Path(sys.executable).parent / "kvforensics"
+    return str(candidate) if candidate.exists() else None
