@@ -7,9 +7,11 @@ server_args (API keys, tokens) are replaced by ``"<redacted>"``.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, Iterable, List, Optional
 
 from agent.live import GpuLedger, Inspection, TargetFailure
+from agent.records import Finding, Recommendation
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, RunnerLedger
 from collectors.redact import redact_mapping
@@ -100,16 +102,22 @@ def target_dict(a: Analysis) -> Dict[str, Any]:
             },
             "ranks": [rank_dict(r) for r in a.ranks],
         },
-        "findings": [
-            {"code": f.code, "severity": f.severity, "title": f.title, "detail": f.detail,
-             "bytes": f.bytes, "evidence": list(f.evidence)} for f in a.findings
-        ],
-        "recommendations": [
-            {"flag": r.flag, "value": r.value, "gain_bytes": r.gain_bytes, "gain_tokens": r.gain_tokens,
-             "gain_requests": dict(r.gain_requests), "basis": r.basis, "rationale": r.rationale}
-            for r in a.recommendations
-        ],
+        "findings": [finding_dict(f) for f in a.findings],
+        "recommendations": [recommendation_dict(r) for r in a.recommendations],
     }
+
+
+def finding_dict(f: Finding) -> Dict[str, Any]:
+    return {"code": f.code, "severity": f.severity, "title": f.title, "detail": f.detail, "bytes": f.bytes,
+            "evidence": list(f.evidence)}
+
+
+def recommendation_dict(r: Recommendation) -> Dict[str, Any]:
+    """Both request gains always present: null when a recommendation cannot say (a failed startup's
+    fix, a graph-size change), never an empty object."""
+    gains = {key: r.gain_requests.get(key) for key in ("at_context_len", "at_request_tokens")}
+    return {"flag": r.flag, "value": r.value, "gain_bytes": r.gain_bytes, "gain_tokens": r.gain_tokens,
+            "gain_requests": gains, "basis": r.basis, "rationale": r.rationale}
 
 
 def inspection_dict(insp: Inspection) -> Dict[str, Any]:
@@ -129,11 +137,8 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
     hm = insp.host_memory
     d["host_memory"] = {k: hm.get(k) for k in ("total_bytes", "available_bytes", "swap_total_bytes",
                                                "swap_free_bytes", "cgroup_limit_bytes")}
-    d["findings"] = [{"code": f.code, "severity": f.severity, "title": f.title, "detail": f.detail,
-                      "bytes": f.bytes, "evidence": list(f.evidence)} for f in insp.findings]
-    d["recommendations"] = [{"flag": r.flag, "value": r.value, "gain_bytes": r.gain_bytes, "gain_tokens": r.gain_tokens,
-                             "gain_requests": dict(r.gain_requests), "basis": r.basis, "rationale": r.rationale}
-                            for r in insp.recommendations]
+    d["findings"] = [finding_dict(f) for f in insp.findings]
+    d["recommendations"] = [recommendation_dict(r) for r in insp.recommendations]
     order = ["target", "status", "host", "problems", "engine", "startup", "gpus", "host_memory", "findings",
              "recommendations"]
     return {k: d.get(k) for k in order}
@@ -155,7 +160,7 @@ def render_results(results: List[Any]) -> str:
     """Inspections and failed targets (``TargetFailure``), in target order."""
     targets = [error_target(r.target, r.status, r.code, r.message) if isinstance(r, TargetFailure)
                else inspection_dict(r) for r in results]
-    return json.dumps(document(targets), indent=2, ensure_ascii=False) + "\n"
+    return dumps(document(targets))
 
 
 def error_target(target: str, status: str, code: str, message: str) -> Dict[str, Any]:
@@ -168,6 +173,22 @@ def document(targets: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
     return {"schema": SCHEMA, "targets": list(targets)}
 
 
+def dumps(doc: Any) -> str:
+    """Strict JSON: a non-finite float (a forged bundle's 1e999, NaN in server_args) becomes null,
+    and json would refuse any that slipped through rather than print Infinity."""
+    return json.dumps(_finite(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def render(analyses: List[Analysis], errors: Iterable[Dict[str, Any]] = ()) -> str:
     doc = document([target_dict(a) for a in analyses] + list(errors))
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return dumps(doc)

@@ -22,8 +22,27 @@ def gib(x: float) -> int:
     return int(round(x * GIB))
 
 
+def _check_json_contract(out: str) -> None:
+    """Every JSON document the suite sees kvforensics print is strict JSON and valid against its
+    published schema (agent/schemas/)."""
+    text = out.strip()
+    if not text.startswith("{"):
+        return
+    try:
+        doc = json.loads(text, parse_constant=lambda c: pytest.fail("non-strict JSON constant {}".format(c)))
+    except ValueError:
+        return  # not one document (e.g. a pretty-printed schema is one; a progress line is not JSON)
+    name = {"kvforensics.report/1": "report", "kvforensics.history/1": "history",
+            "kvforensics.snapshot/1": "snapshot"}.get(doc.get("schema")) if isinstance(doc, dict) else None
+    if name is not None:
+        from agent import evidence
+
+        evidence.check(name, doc)
+
+
 def run_cli(argv: List[str], stdin: Optional[bytes] = None) -> Tuple[int, str, str]:
-    """Run kvforensics in-process; return (exit code, stdout, stderr)."""
+    """Run kvforensics in-process; return (exit code, stdout, stderr). JSON output is checked
+    against its published schema."""
     from agent.cli import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -35,6 +54,7 @@ def run_cli(argv: List[str], stdin: Optional[bytes] = None) -> Tuple[int, str, s
         code = main(argv)
     finally:
         sys.stdout, sys.stderr, sys.stdin = old
+    _check_json_contract(out.getvalue())
     return code, out.getvalue(), err.getvalue()
 
 

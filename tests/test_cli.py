@@ -103,3 +103,25 @@ def test_colour_only_when_asked():
     assert "\x1b[" in out
     code, out, _ = run_cli(["analyze", str(SEED_LOG)])  # not a terminal
     assert "\x1b[" not in out
+
+
+@pytest.mark.parametrize("name", ["report", "snapshot", "history"])
+def test_published_schemas_are_valid_json_schemas(name):
+    import jsonschema
+
+    code, out, err = run_cli(["schema", name])
+    assert code == 0, err
+    doc = json.loads(out)
+    jsonschema.Draft202012Validator.check_schema(doc)
+    assert doc["title"] == "kvforensics.{}/1".format(name)
+
+
+def test_non_finite_numbers_never_reach_json(tmp_path):
+    """server_args can carry 1e999 or nan: the report says null, never Infinity/NaN (invalid JSON)."""
+    log = tmp_path / "x.log"
+    log.write_bytes(SEED_LOG.read_bytes().replace(b"mem_fraction_static=0.88", b"mem_fraction_static=0.88, "
+                                                                           b"weird_a=1e999, weird_b=nan", 1))
+    code, out, err = run_cli(["analyze", str(log), "--json"])
+    assert "Infinity" not in out and "NaN" not in out
+    doc = json.loads(out, parse_constant=lambda c: pytest.fail(c))
+    assert doc["targets"][0]["engine"]["server_args"]["weird_a"] is None

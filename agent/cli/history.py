@@ -17,7 +17,6 @@ def history_cmd(
     color: Color = None,
 ) -> None:
     """Show recorded history: per GPU and rank the low-water free memory, peak KV usage, a plot."""
-    import json
     import time
 
     from agent import history
@@ -42,7 +41,9 @@ def history_cmd(
     finally:
         opened.conn.close()
     if as_json:
-        sys.stdout.write(json.dumps(history_report.to_json(path, since, runs), indent=2) + "\n")
+        from reports.json_report import dumps
+
+        sys.stdout.write(dumps(history_report.to_json(path, since, runs)))
     else:
         sys.stdout.write(history_report.render(path, since, runs, plots, color=use_color(color),
                                                width=terminal_width()))
