@@ -97,11 +97,12 @@ class Nvml:
 @dataclass(frozen=True)
 class Process:
     pid: int
-    missing: bool
+    missing: bool  # NVML charges a PID the host's /proc does not have
     cmdline: Tuple[str, ...] = ()
     user: Optional[str] = None
     container: Optional[str] = None  # "runtime:id12"
     start_time_s: Optional[float] = None
+    other_namespace: bool = False  # not in this /proc because kvforensics runs in another PID namespace
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def _process(d: Mapping[str, Any]) -> Process:
     container = d.get("container")
     return Process(d["pid"], bool(d.get("missing")), tuple(d.get("cmdline") or ()), d.get("user"),
                    "{}:{}".format(container["runtime"], container["id"][:12]) if container else None,
-                   d.get("start_time_s"))
+                   d.get("start_time_s"), bool(d.get("in_other_namespace")))
 
 
 def _gpu(d: Mapping[str, Any]) -> Gpu:

@@ -20,7 +20,8 @@ class Owner(str, Enum):
     ENGINE = "engine"  # the engine being explained
     OTHER_ENGINE = "other_engine"  # another inference server on the node
     FOREIGN = "foreign"  # any other process
-    ORPHANED = "orphaned"  # NVML charges a PID /proc does not have
+    ORPHANED = "orphaned"  # NVML charges a PID the host's /proc does not have
+    OTHER_NAMESPACE = "other_namespace"  # a PID kvforensics cannot see from its PID namespace (a container)
 
 
 class ItemKind(str, Enum):
@@ -37,6 +38,7 @@ class ItemKind(str, Enum):
     OTHER_ENGINES = "other_engines"
     FOREIGN = "foreign_processes"
     ORPHANED = "orphaned_pids"
+    OTHER_NAMESPACE = "other_namespace_pids"
     NO_PROCESS = "no_process"  # NVML used minus every process: driver, other namespaces
     RESERVED = "driver_reserved"
     FREE = "free"

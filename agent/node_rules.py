@@ -337,6 +337,23 @@ def orphaned_gpu_memory(ctx: "Context") -> Iterator[Finding]:
                                "/proc/{}".format(p.pid)))
 
 
+def other_pid_namespace(ctx: "Context") -> Iterator[Finding]:
+    """kvforensics runs in a container: NVML's host PIDs are not in its /proc. That is not a leak."""
+    insp = ctx.live
+    held = [(g, p) for g in (insp.gpus if insp else ()) for p in g.processes if p.owner is Owner.OTHER_NAMESPACE]
+    if not held:
+        return
+    gpus = sorted({g.index for g, _ in held})
+    total = sum(p.used_bytes or 0 for _, p in held)
+    yield Finding("pid_namespace", "info",
+                  "{} GPU process(es) holding {} are in another PID namespace".format(len(held), gib(total)),
+                  "kvforensics runs in a PID namespace of its own (a container) and NVML reports host PIDs, which "
+                  "its /proc cannot show: they are not leaks. On GPU(s) {} their memory is counted as one item; to "
+                  "split it by process and map ranks, run kvforensics on the host (or with the host's PID namespace, "
+                  "e.g. docker --pid=host).".format(", ".join(map(str, gpus))),
+                  total, ("/proc/self/ns/pid",))
+
+
 @dataclass(frozen=True)
 class HostOffload:
     ranks: int

@@ -46,6 +46,8 @@ def _rank_ledger(analysis: Optional[Analysis], rank: Optional[str]) -> Optional[
 
 
 def _owner(pid: int, info: Optional[Process], engine_pids: set, other_pids: set) -> Owner:
+    if info is not None and info.other_namespace:
+        return Owner.OTHER_NAMESPACE
     if info is not None and info.missing:
         return Owner.ORPHANED
     if pid in engine_pids:
@@ -97,7 +99,9 @@ def _items(gpu: Gpu, processes: List[GpuProcess], led: Optional[RankLedger]) -> 
     for owner, kind, source in ((Owner.OTHER_ENGINE, ItemKind.OTHER_ENGINES,
                                  "NVML process list: another server's schedulers"),
                                 (Owner.FOREIGN, ItemKind.FOREIGN, "NVML process list"),
-                                (Owner.ORPHANED, ItemKind.ORPHANED, "NVML process list, absent from /proc")):
+                                (Owner.ORPHANED, ItemKind.ORPHANED, "NVML process list, absent from /proc"),
+                                (Owner.OTHER_NAMESPACE, ItemKind.OTHER_NAMESPACE,
+                                 "NVML process list: host PIDs this PID namespace cannot see")):
         if held[owner]:
             items.append(LedgerItem(kind, held[owner], source))
     if gpu.used_bytes is not None and all(p.used_bytes is not None for p in processes):

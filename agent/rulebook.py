@@ -61,6 +61,7 @@ RULES: List[Rule] = [
     node_rules.nvml_unavailable, node_rules.gpu_lost, node_rules.engine_not_found, node_rules.engine_log_missing,
     *[_on_startup(r) for r in sglang_rules.RULES],
     node_rules.unused_gpu_memory, node_rules.foreign_gpu_process, node_rules.orphaned_gpu_memory,
+    node_rules.other_pid_namespace,
     node_rules.rank_imbalance, node_rules.concurrency_bound, node_rules.host_ram_offload, node_rules.other_engines,
 ]
 

@@ -158,5 +158,40 @@ def process(root: str, pid: int, argv: Optional[List[str]] = None) -> Optional[D
     }
 
 
+# The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h): NVML reports PIDs
+# as that namespace numbers them.
+INIT_PID_NS = "pid:[4026531836]"
+
+
+def pid_namespace(root: str = "/") -> Optional[str]:
+    """This process's PID namespace ("pid:[4026531836]" on the host), or None if unreadable."""
+    try:
+        return os.readlink(os.path.join(root, "proc", "self", "ns", "pid"))
+    except OSError:
+        return None
+
+
+def parse_nspid(status: str) -> List[int]:
+    """The ``NSpid:`` line: the PID in this /proc's namespace, then in each nested one inward."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(x) for x in line.split()[1:] if x.isdigit()]
+    return []
+
+
+def nspid_index(root: str = "/") -> Dict[int, int]:
+    """Inner-namespace PID → the PID this /proc shows, for processes living in nested namespaces
+    (a container's engine seen from the host): how a PID numbered inside them is found here."""
+    out: Dict[int, int] = {}
+    for pid in pids(root):
+        raw = _read_bytes(os.path.join(root, "proc", str(pid), "status"))
+        if raw is None:
+            continue
+        levels = parse_nspid(raw.decode("utf-8", "replace"))
+        for inner in levels[1:]:
+            out.setdefault(inner, pid)
+    return out
+
+
 def exists(root: str, pid: int) -> bool:
     return os.path.exists(os.path.join(root, "proc", str(pid)))

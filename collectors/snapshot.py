@@ -51,8 +51,15 @@ def _env_hint(root: str, pid: int) -> Dict[str, str]:
 
 
 def _gpu_processes(root: str, nvml_section: Dict[str, Any]) -> Dict[str, Any]:
-    """Every PID NVML reports: its process details, or that /proc has no such PID."""
+    """Every PID NVML reports: its process details, or why /proc has no such PID.
+
+    NVML numbers PIDs in the host's (initial) PID namespace. A PID absent here is ``missing`` (a
+    process that exited while the driver still charges it) only when this /proc is the host's;
+    from inside a container it lives ``in_other_namespace``. A PID that is absent but numbers a
+    process inside a nested namespace (``NSpid:``) is that process."""
     out: Dict[str, Any] = {}
+    nested: Optional[Dict[int, int]] = None
+    own_ns = procfs.pid_namespace(root)
     for gpu in nvml_section.get("gpus", []):
         for p in gpu.get("processes", []):
             key = str(p["pid"])
@@ -60,7 +67,13 @@ def _gpu_processes(root: str, nvml_section: Dict[str, Any]) -> Dict[str, Any]:
                 continue
             info = procfs.process(root, p["pid"])
             if info is None:
-                out[key] = {"pid": p["pid"], "missing": True}
+                if nested is None:
+                    nested = procfs.nspid_index(root)
+                if p["pid"] in nested:
+                    info = procfs.process(root, nested[p["pid"]])
+            if info is None:
+                other = own_ns is not None and own_ns != procfs.INIT_PID_NS
+                out[key] = {"pid": p["pid"], ("in_other_namespace" if other else "missing"): True}
             else:
                 info["cmdline"] = redact_argv(info["cmdline"])
                 out[key] = info
@@ -108,9 +121,10 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
             engine: Optional[int] = None) -> Dict[str, Any]:
     """``engine``: the port of the SGLang server to explain (default: the one with most GPU memory)."""
     runs: List[Dict[str, Any]] = []
-    snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(), "taken_at_unix_s": round(time.time(),
-                                                                                                         3),
-                            "probe": {"python": platform.python_version(), "platform": sys.platform}}
+    snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(),
+                            "taken_at_unix_s": round(time.time(), 3),
+                            "probe": {"python": platform.python_version(), "platform": sys.platform,
+                                      "pid_namespace": procfs.pid_namespace(root)}}
     snap["nvml"] = _run(nvml.NAME, lambda: nvml.collect(nvml_lib), runs, strict)
     snap["host_memory"] = _run(host_memory.NAME, lambda: host_memory.collect(root), runs, strict)
     snap["engines"] = _run(engines.NAME, lambda: engines.collect(root), runs, strict)

@@ -22,6 +22,7 @@ ITEM_LABELS: Dict[ItemKind, str] = {
     ItemKind.OTHER_ENGINES: "other SGLang engines",
     ItemKind.FOREIGN: "other processes",
     ItemKind.ORPHANED: "PIDs that no longer exist",
+    ItemKind.OTHER_NAMESPACE: "PIDs in another PID namespace",
     ItemKind.NO_PROCESS: "no process (driver, other namespaces)",
     ItemKind.RESERVED: "reserved by the driver",
     ItemKind.FREE: "free",
@@ -32,6 +33,7 @@ ITEM_COLOURS: Dict[ItemKind, Optional[str]] = {
     ItemKind.WEIGHTS: "blue", ItemKind.KV_POOL: "green", ItemKind.MAMBA: "green4", ItemKind.GRAPHS: "magenta",
     ItemKind.WORKSPACES: "grey62", ItemKind.DRAFT: "dark_orange", ItemKind.ENGINE_UNLOGGED: "grey50",
     ItemKind.ENGINE_PROCESS: "grey50", ItemKind.OTHER_ENGINES: "cyan", ItemKind.FOREIGN: "red",
-    ItemKind.ORPHANED: "bright_red", ItemKind.NO_PROCESS: "yellow", ItemKind.RESERVED: "grey37", ItemKind.FREE: None,
+    ItemKind.ORPHANED: "bright_red", ItemKind.OTHER_NAMESPACE: "grey70",
+    ItemKind.NO_PROCESS: "yellow", ItemKind.RESERVED: "grey37", ItemKind.FREE: None,
 }
 assert set(ITEM_LABELS) == set(ItemKind) == set(ITEM_COLOURS), "every ledger item needs a label and a colour"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -292,3 +293,37 @@ def test_two_engines_on_one_node(tmp_path, fake_lib, monkeypatch):
     assert "port 30001" in _codes(second)["other_engines"]["detail"]
     assert any(p["code"] == "engines.port_not_found" and "30001, 30002" in p["message"] for p in missing["problems"])
     assert all(g["rank"] is None for g in missing["gpus"])
+
+
+def test_inside_a_pid_namespace_host_pids_are_not_orphans(tmp_path):
+    """kvforensics in a container: a real PID namespace (unshare --pid --fork --mount-proc) around the
+    inspect, the fake node outside it. NVML reports the node's (host) PIDs, which this /proc cannot
+    show: they are in another PID namespace, never orphaned memory."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to make a PID namespace")
+    with FakeNode(tmp_path / "node") as node:
+        env = dict(os.environ, FAKE_NVML_SCENARIO=str(node.scenario), PYTHONPATH=str(ROOT))
+        done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "agent", "inspect",
+                               "--json", "--no-http", "--nvml-lib", str(FAKE_LIB)], capture_output=True, text=True,
+                              env=env, timeout=120)
+        if done.returncode not in (0, 1, 3) or not done.stdout.strip():
+            pytest.skip("this kernel refuses PID namespaces here: " + done.stderr.strip()[:200])
+    (t,) = json.loads(done.stdout)["targets"]
+    codes = [f["code"] for f in t["findings"]]
+    assert "orphaned_gpu_memory" not in codes and "pid_namespace" in codes
+    owners = {p["owner"] for g in t["gpus"] for p in g["processes"]}
+    assert owners == {"other_namespace"}
+
+
+def test_nested_namespace_pids_map_through_nspid(tmp_path):
+    """From the host, a PID numbered inside a container's namespace is found through NSpid."""
+    from collectors import procfs
+
+    proc = tmp_path / "proc" / "4242"
+    proc.mkdir(parents=True)
+    (proc / "status").write_text("Name:\tpython\nNSpid:\t4242\t17\n")
+    assert procfs.parse_nspid("NSpid:\t4242\t17\t3\n") == [4242, 17, 3]
+    assert procfs.nspid_index(str(tmp_path)) == {17: 4242}
