@@ -93,7 +93,7 @@ def run(targets: Sequence[str], opts: FleetOptions,
         on_done: Optional[Callable[[HostResult], None]] = None) -> List[HostResult]:
     """Every target's result, in the order given."""
     config = ssh.load_config(opts.ssh_config)
-    probe = probe_mod.build(opts.probe_options)
+    probe = probe_mod.build(dict(opts.probe_options, time_limit_s=opts.timeout_s))
     results: Dict[int, HostResult] = {}
     workers = max(1, min(opts.parallel, len(targets)))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:

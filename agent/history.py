@@ -334,6 +334,6 @@ def parse_duration(text: str) -> float:
         value = float(text[:-1])
     except ValueError:
         raise ValueError("durations look like 30d, 12h, 90m, 45s or 2w, not {!r}".format(text)) from None
-    if value <= 0:
-        raise ValueError("a duration must be positive: {!r}".format(text))
+    if not 0 < value * units[text[-1]] <= 100 * 365 * 86400:  # also NaN and infinity
+        raise ValueError("a duration must be positive and at most 100 years: {!r}".format(text))
     return value * units[text[-1]]

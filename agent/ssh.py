@@ -25,7 +25,6 @@ import os
 import socket
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -69,6 +68,13 @@ class HostSpec:
         return self.hostname if self.port == 22 else "[{}]:{}".format(self.hostname, self.port)
 
 
+def _port(text: str, where: str) -> int:
+    """A TCP port, 1–65535: 99999 must not wrap to another port, nor 0 become 22."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise SshError("error", "{}: port {!r} is not 1–65535".format(where, text))
+    return int(text)
+
+
 def _split_target(target: str) -> Tuple[Optional[str], str, Optional[int]]:
     user = None
     rest = target
@@ -77,21 +83,32 @@ def _split_target(target: str) -> Tuple[Optional[str], str, Optional[int]]:
     port = None
     if rest.startswith("["):  # [::1]:2222
         host, _, tail = rest[1:].partition("]")
-        if tail.startswith(":") and tail[1:].isdigit():
-            port = int(tail[1:])
+        if tail.startswith(":"):
+            port = _port(tail[1:], target)
         return user, host, port
     if rest.count(":") == 1:
         host, _, p = rest.partition(":")
-        if p.isdigit():
-            return user, host, int(p)
+        return user, host, _port(p, target)
     return user, rest, port
 
 
 def load_config(path: Optional[str]) -> paramiko.SSHConfig:
+    """The OpenSSH client config, refused whole if it holds ``Match exec``: paramiko would run that
+    local command while merely looking a host up."""
     path = os.path.expanduser(path or "~/.ssh/config")
-    if os.path.exists(path):
-        return paramiko.SSHConfig.from_path(path)
-    return paramiko.SSHConfig()
+    if not os.path.exists(path):
+        return paramiko.SSHConfig()
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as exc:
+        raise SshError("error", "{}: cannot read: {}".format(path, exc.strerror or exc)) from None
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.strip().lower().replace("=", " ").split()
+        if words[:1] == ["match"] and "exec" in words[1:]:
+            raise SshError("error", "{} line {}: 'Match exec' runs a local command; kvforensics does not run "
+                           "it (use Host blocks)".format(path, number))
+    return paramiko.SSHConfig.from_path(path)
 
 
 def resolve(target: str, config: paramiko.SSHConfig, accept_new: bool = False) -> HostSpec:
@@ -99,8 +116,11 @@ def resolve(target: str, config: paramiko.SSHConfig, accept_new: bool = False) -
     if not host or host.startswith("-"):
         raise SshError("error", "{!r} is not a host".format(target))
     entry = config.lookup(host)
+    if entry.get("proxycommand") and entry["proxycommand"].lower() != "none":
+        raise SshError("error", "{}: ProxyCommand is not supported (it runs a local shell command); use "
+                       "ProxyJump".format(target))
     hostname = entry.get("hostname", host)
-    port = port or int(entry.get("port", 22))
+    port = port or _port(str(entry.get("port", 22)), "{} (ssh config Port)".format(target))
     user = user or entry.get("user") or getpass.getuser()
     jumps = tuple(j.strip() for j in entry.get("proxyjump", "").split(",") if j.strip() and j.strip() != "none")
     strict = entry.get("stricthostkeychecking", "yes").lower()
@@ -328,34 +348,44 @@ class ExecResult:
     bytes_sent: int
 
 
+MAX_STDOUT_BYTES = 64 << 20  # a snapshot with its startup's log lines is a few MB at most
+MAX_STDERR_BYTES = 1 << 20
+
+
 def exec_once(session: Session, command: str, stdin: bytes, deadline: float) -> ExecResult:
-    """One exec round trip: send stdin, close it, read both streams until exit or deadline."""
+    """One exec round trip: send stdin, close it, read both streams until exit or deadline.
+
+    Bounded: a host that prints more than MAX_STDOUT_BYTES (or MAX_STDERR_BYTES on stderr) is
+    cut off, and every blocking call times out at the deadline (the channel's own timeout, no
+    second thread racing to close it)."""
     chan = session.target.open_session(timeout=max(1.0, deadline - time.monotonic()))
     out, err = bytearray(), bytearray()
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), chan.close)
-    timer.daemon = True
-    timer.start()
     try:
+        chan.settimeout(max(0.1, deadline - time.monotonic()))
         chan.exec_command(command)
         chan.sendall(stdin)
         chan.shutdown_write()
-        while True:
+        while not _drained(chan):
             if chan.recv_ready():
                 out += chan.recv(1 << 16)
             elif chan.recv_stderr_ready():
                 err += chan.recv_stderr(1 << 16)
-            elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
-            elif chan.closed:
-                break
             else:
                 time.sleep(0.005)
+            if len(out) > MAX_STDOUT_BYTES or len(err) > MAX_STDERR_BYTES:
+                raise SshError("error", "the host printed more than {} MiB: not a kvforensics probe answer".format(
+                    (MAX_STDOUT_BYTES if len(out) > MAX_STDOUT_BYTES else MAX_STDERR_BYTES) >> 20))
             if time.monotonic() > deadline:
                 raise SshError("unreachable", "deadline reached while the probe ran")
-        status = chan.recv_exit_status() if not chan.closed or chan.exit_status_ready() else -1
-        if time.monotonic() > deadline and not chan.exit_status_ready():
-            raise SshError("unreachable", "deadline reached while the probe ran")
+        status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         return ExecResult(status, bytes(out), bytes(err), len(stdin))
+    except socket.timeout:
+        raise SshError("unreachable", "deadline reached while the probe ran") from None
     finally:
-        timer.cancel()
         chan.close()
+
+
+def _drained(chan: paramiko.Channel) -> bool:
+    if chan.recv_ready() or chan.recv_stderr_ready():
+        return False
+    return chan.exit_status_ready() or chan.closed

@@ -188,5 +188,5 @@ def _rank_key(rank: str) -> List[Any]:
     out: List[Any] = []
     for token in rank.split():
         name = token.rstrip("0123456789")
-        out.append((name, int(token[len(name):] or 0)))
+        out.append((name, int(token[len(name):][:9] or 0)))  # a forged title cannot make a huge int
     return out

@@ -73,7 +73,10 @@ def match(rows: Sequence[LineFormat], msg: str) -> Optional[Tuple[LineFormat, Da
         m = row.pattern.search(msg) if row.anywhere else row.pattern.match(msg)
         if m is None:
             continue
-        data = row.extract(m, msg)
+        try:
+            data = row.extract(m, msg)
+        except (ValueError, OverflowError):  # an implausible figure (formats bound them): not this row
+            continue
         if data is not None:
             return row, data
     return None

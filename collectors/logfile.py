@@ -17,8 +17,10 @@ from __future__ import annotations
 import gzip
 import os
 import queue
+import stat
 import sys
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, List, Optional, Tuple
 
@@ -71,12 +73,15 @@ def read_log(path: str, startup: int = -1, count_lines: bool = False) -> LogExce
         return _from_stream(sys.stdin.buffer, "<stdin>", startup)
     _check_path(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO, <(cat log), a character device
+            return _from_pipe(path, startup)
         with open(path, "rb") as f:
-            magic = f.read(2)
-            if magic == b"\x1f\x8b":
-                f.seek(0)
-                with gzip.GzipFile(fileobj=f) as gz:
-                    return _from_stream(gz, path, startup)
+            magic = f.read(4)
+            f.seek(0)
+            if magic[:2] == b"\x1f\x8b":
+                return _from_stream(_Gunzip(f), path, startup)
+            if magic[:2] in (b"\xff\xfe", b"\xfe\xff") or _looks_utf16(magic):
+                return _from_stream(_Utf16AsUtf8(f, magic), path, startup)
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise LogReadError("empty", "{}: the file is empty".format(path))
@@ -89,9 +94,85 @@ def read_log(path: str, startup: int = -1, count_lines: bool = False) -> LogExce
 
 def _check_path(path: str) -> None:
     if not os.path.exists(path):
+        if os.path.islink(path):
+            raise LogReadError("missing", "{}: a symbolic link that leads nowhere (dangling, or a loop)".format(path))
         raise LogReadError("missing", "{}: no such file".format(path))
     if os.path.isdir(path):
         raise LogReadError("directory", "{}: is a directory; pass the log file inside it".format(path))
+
+
+FIFO_WAIT_S = 10.0
+# Streams (stdin, pipes, .gz) are read in small pieces: a .gz cut short loses at most one piece.
+STREAM_READ_BYTES = 256 << 10  # how long a pipe may stay silent before we say nothing writes to it
+
+
+def _from_pipe(path: str, which: int) -> LogExcerpt:
+    """A FIFO or process substitution: streamed like stdin. Opened without blocking, so a FIFO that
+    nothing writes to is an error after FIFO_WAIT_S, not a hang."""
+    import select
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        ready, _, _ = select.select([fd], [], [], FIFO_WAIT_S)
+        if not ready:
+            raise LogReadError("unreadable", "{}: nothing wrote to this pipe for {:.0f} s".format(path, FIFO_WAIT_S))
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            return _from_stream(f, path, which)
+    finally:
+        if fd != -1:
+            os.close(fd)
+
+
+def _looks_utf16(head: bytes) -> bool:
+    """UTF-16 without a BOM: ASCII text with a NUL after (LE) or before (BE) every character."""
+    if len(head) < 4:
+        return False
+    little = head[1] == 0 and head[3] == 0 and head[0] != 0 and head[2] != 0
+    big = head[0] == 0 and head[2] == 0 and head[1] != 0 and head[3] != 0
+    return little or big
+
+
+class _Gunzip:
+    """gzip decompressed piece by piece (every member of a concatenated file): a file cut short
+    yields what was decompressed before the cut and then says so, instead of losing it all."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def read(self, n: int) -> bytes:
+        out = b""
+        while not out:
+            raw = self._f.read(64 << 10)
+            if not raw:
+                if not self._d.eof and (self._d.unconsumed_tail or self._d.unused_data == b""):
+                    tail = self._d.flush()
+                    if tail:
+                        return tail
+                    raise EOFError("the gzip stream is cut short")
+                return b""
+            out = self._d.decompress(raw)
+            while self._d.eof and self._d.unused_data:  # the next member of a concatenated .gz
+                rest = self._d.unused_data
+                self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                out += self._d.decompress(rest)
+        return out
+
+
+class _Utf16AsUtf8:
+    """A UTF-16 log (Windows tools, PowerShell redirection) read as the UTF-8 bytes the parser expects."""
+
+    def __init__(self, f: BinaryIO, head: bytes) -> None:
+        import codecs
+
+        encoding = "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else (
+            "utf-16-le" if head[1:2] == b"\x00" else "utf-16-be")
+        self._reader = codecs.getreader(encoding)(f, errors="replace")
+
+    def read(self, n: int) -> bytes:
+        return self._reader.read(n // 2).encode("utf-8")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -129,13 +210,18 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], seg: Sta
 
 
 def _from_stream(stream: BinaryIO, source: str, which: int) -> LogExcerpt:
-    seg = StartupSegmenter()
+    seg = StartupSegmenter(keep=which)  # memory stays flat however many startups stream past
     offset = 0
     line = 0
     carry = b""
     saw_nul = False
+    notes: Tuple[str, ...] = ()
     while True:
-        chunk = stream.read(BLOCK_BYTES)
+        try:
+            chunk = stream.read(STREAM_READ_BYTES)
+        except (EOFError, OSError, zlib.error) as exc:  # a .gz cut short: keep the startups read before the cut
+            notes = ("the input ends early ({}): what follows the cut is missing".format(_one_line(exc)),)
+            chunk = b""
         if not chunk:
             break
         data = carry + chunk
@@ -157,7 +243,7 @@ def _from_stream(stream: BinaryIO, source: str, which: int) -> LogExcerpt:
     if offset == 0:
         raise LogReadError("empty", "{}: the input is empty".format(source))
     return _choose(seg.result(), source, which, complete=True, window_start=0,
-                   size=offset, notes=(), binary=saw_nul)
+                   size=offset, notes=notes, binary=saw_nul)
 
 
 class _Blocks:
@@ -231,10 +317,11 @@ class _Blocks:
         return total
 
 
-def _scan_window(src: _Blocks, start: int, anchor: int,
-                 base_line: Optional[int]) -> Tuple[StartupSegmenter, List[str]]:
-    """Parse forward from ``start`` until the startup holding ``anchor`` has ended."""
-    seg = StartupSegmenter()
+def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int],
+                 keep: Optional[int] = None) -> Tuple[StartupSegmenter, List[str]]:
+    """Parse forward from ``start`` until the startup holding ``anchor`` has ended (``keep``: see
+    StartupSegmenter)."""
+    seg = StartupSegmenter(keep=keep)
     notes: List[str] = []
     pos = start
     line = base_line
@@ -264,7 +351,7 @@ def _scan_window(src: _Blocks, start: int, anchor: int,
 def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool) -> LogExcerpt:
     binary = b"\x00" in src.read(0, 8192)
     if which > 0 or size <= WHOLE_FILE_BYTES:
-        seg, whole_notes = _scan_window(src, 0, size, 0)
+        seg, whole_notes = _scan_window(src, 0, size, 0, keep=which)
         return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary)
     anchor = src.rfind(ANCHOR)
     if anchor == -1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import sys
 from typing import Any, Dict
 
@@ -27,6 +28,11 @@ def canonical(data: Any) -> str:
 
 
 def run(options: Dict[str, Any], code_sha256: str) -> int:
+    limit = options.get("time_limit_s")
+    if isinstance(limit, (int, float)) and 0 < limit < 86400 and hasattr(signal, "alarm"):
+        # A probe that hangs (a stuck NVML call, an NFS log) ends itself: nothing is left running
+        # on the inspected host after the client gave up on it.
+        signal.alarm(int(limit) + 5)
     kwargs = {k: v for k, v in options.items() if k in ALLOWED}
     snap = snapshot.collect(**kwargs)
     body = canonical(snap)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -203,3 +206,84 @@ def test_json_error_document_for_bad_input(tmp_path):
 def test_read_log_rejects_startup_zero():
     with pytest.raises(LogReadError):
         read_log(str(SEED_LOG), 0)
+
+
+# --- hostile and unusual inputs ----------------------------------------------------------
+
+
+def test_a_pipe_is_streamed_not_called_empty(tmp_path):
+
+
+    done = subprocess.run(["bash", "-c", "{} -m agent analyze <(cat {}) --json".format(sys.executable, SEED_LOG)],
+                          capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["targets"][0]["startup"]["max_total_num_tokens"] == 159277
+
+
+def test_a_fifo_without_writer_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    from collectors import logfile
+
+    monkeypatch.setattr(logfile, "FIFO_WAIT_S", 0.2)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(str(fifo))
+    with pytest.raises(logfile.LogReadError) as exc:
+        logfile.read_log(str(fifo))
+    assert "nothing wrote to this pipe" in exc.value.message
+
+
+def test_a_truncated_gz_keeps_the_startups_before_the_cut(tmp_path):
+
+
+    from collectors import logfile
+
+    text = SEED_LOG.read_bytes()
+    blob = gzip.compress(text * 3)
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(blob[:-40])  # the end of the last copy is lost, the copies before it are whole
+    excerpt = logfile.read_log(str(cut), startup=1)
+    assert excerpt.count >= 2 and any("ends early" in n for n in excerpt.notes)
+
+
+def test_a_symlink_loop_is_named(tmp_path):
+    from collectors import logfile
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    os.symlink(str(b), str(a))
+    os.symlink(str(a), str(b))
+    with pytest.raises(logfile.LogReadError) as exc:
+        logfile.read_log(str(a))
+    assert "symbolic link" in exc.value.message
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le"])
+def test_utf16_logs_are_decoded(tmp_path, encoding):
+    from collectors import logfile
+
+    path = tmp_path / "win.log"
+    path.write_bytes(SEED_LOG.read_text(encoding="utf-8").encode(encoding))
+    excerpt = logfile.read_log(str(path))
+    assert any(e.kind == "summary" and e.data["max_total_num_tokens"] == 159277 for e in excerpt.startup.events)
+
+
+def test_memory_stays_flat_for_many_startups(tmp_path):
+    """Streamed input (here gzip) with 20,000 startups: only the chosen one is kept, whatever
+    --startup asks (the others are counted)."""
+
+
+
+
+    one = ("[2025-06-24 10:00:00] server_args=ServerArgs(model_path='/m', mem_fraction_static=0.8)\n"
+           "[2025-06-24 10:00:00 TP0] Load weight begin. avail mem=78.00 GB\n"
+           "[2025-06-24 10:00:00 TP0] Load weight end. type=L, dtype=x, avail mem=48.00 GB, mem usage=30.00 GB.\n"
+           "[2025-06-24 10:00:00 TP0] KV Cache is allocated. #tokens: 100, K size: 0.01 GB, V size: 0.01 GB\n")
+    path = tmp_path / "loop.log.gz"
+    with gzip.open(str(path), "wt") as f:
+        for _ in range(20000):
+            f.write(one)
+    code = ("import resource, sys; sys.argv = ['kvforensics', 'analyze', {!r}, '--startup', '1', '--json'];"
+            "from agent.cli import main; rc = main(sys.argv[1:]);"
+            "sys.stderr.write('RSS %d\\\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)").format(str(path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=300)
+    rss_kb = int(re.findall(r"RSS (\d+)", done.stderr)[-1])
+    assert json.loads(done.stdout)["targets"][0]["startup"]["count"] == 20000
+    assert rss_kb < 150 * 1024, rss_kb  # the same ballpark as analysing one startup

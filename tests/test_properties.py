@@ -94,3 +94,26 @@ def test_lines_cut_mid_way(index, cut):
     lines = list(SEED_LINES)
     lines[index] = lines[index][:cut]
     _check_no_invented_numbers(lines)
+
+
+def test_fuzzed_numbers_never_crash_and_json_stays_strict(tmp_path):
+    """The seed log with numbers swapped for hostile ones (309+ digits, 5,000-digit integers, 0, NaN,
+    infinity, a zero context_len, a huge page_size): exit 0/1 with strict JSON, never 4."""
+    import json
+
+    from tests.conftest import run_cli
+
+    hostile = ["0", "0.00", "-1", "1" * 400, "9" * 5000, "1e999", "nan", "inf", "99999999999999999999"]
+    rng = random.Random(7)
+    path = tmp_path / "fuzz.log"
+    for _ in range(120):
+        out = []
+        for line in SEED_LINES:
+            if rng.random() < 0.15:
+                line = NUMBERS.sub(lambda m: rng.choice(hostile) if rng.random() < 0.5 else m.group(0), line)
+            out.append(line.replace("context_len=", "context_len=0") if rng.random() < 0.01 else line)
+        path.write_text("\n".join(out) + "\n")
+        code, text, err = run_cli(["analyze", str(path), "--json"])
+        assert code in (0, 1, 2), err
+        if code != 2:
+            json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(AssertionError(c)))

@@ -396,3 +396,50 @@ def test_probe_answer_without_a_snapshot_is_refused():
         with pytest.raises(probe.ProbeError) as exc:
             probe.parse_answer((MARKER + canonical(answer)).encode(), p)
         assert exc.value.code == "probe.invalid_answer"
+
+
+@pytest.mark.parametrize("target", ["node:99999", "node:0", "[::1]:70000", "host:abc"])
+def test_impossible_ports_are_refused(target):
+    from agent import ssh
+
+    with pytest.raises(ssh.SshError) as exc:
+        ssh.resolve(target, ssh.load_config(None))
+    assert "is not 1–65535" in exc.value.message
+
+
+def test_match_exec_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "cfg"
+    cfg.write_text('Host *\n  User root\nMatch exec "touch {}"\n  User x\n'.format(tmp_path / "ran"))
+    code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "somehost"])
+    assert code == 2 and "Match exec" in err and not (tmp_path / "ran").exists()
+
+
+def test_proxycommand_is_refused_with_the_alternative(tmp_path):
+    from agent import ssh
+
+    cfg = tmp_path / "cfg"
+    cfg.write_text("Host gw\n  ProxyCommand nc %h %p\n")
+    with pytest.raises(ssh.SshError) as exc:
+        ssh.resolve("gw", ssh.load_config(str(cfg)))
+    assert "ProxyJump" in exc.value.message
+
+
+def test_a_host_that_floods_stdout_is_cut_off(env, tmp_path):
+    """A remote python3 that prints without end: the client stops at the cap, on time, with a bounded
+    buffer (this host's 'python3' is a stand-in that floods)."""
+    from agent import ssh
+
+    old = ssh.MAX_STDOUT_BYTES
+    ssh.MAX_STDOUT_BYTES = 1 << 20
+    try:
+        spec = ssh.resolve("node", ssh.load_config(str(env["config"])))
+        session = ssh.connect(spec, ssh.load_config(str(env["config"])), time.monotonic() + 20)
+        try:
+            with pytest.raises(ssh.SshError) as exc:
+                ssh.exec_once(session, "yes kvforensics-flood", b"", time.monotonic() + 20)
+        finally:
+            session.close()
+    finally:
+        ssh.MAX_STDOUT_BYTES = old
+    assert "more than 1 MiB" in exc.value.message

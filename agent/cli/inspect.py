@@ -148,8 +148,8 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], as_jso
     """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)
     opts = analysis_options(margin, request_tokens)
-    if parallel < 1 or timeout <= 0:
-        raise UsageProblem("--parallel must be >= 1 and --timeout > 0")
+    if not 1 <= parallel <= 1024 or not 0 < timeout <= 86400:  # also NaN and infinity
+        raise UsageProblem("--parallel must be 1–1024 and --timeout 0–86400 seconds")
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
     check_log_spec(log)
@@ -232,9 +232,13 @@ def _collect_remote(remote: List[str], settings: InspectSettings) -> Dict[str, L
 
     fleet_options = fleet.FleetOptions(settings.probe_options(), settings.ssh_config, settings.accept_new_host_keys,
                                        settings.parallel, settings.timeout)
+    from agent.ssh import SshError
+
     done, stop = fleet.progress_printer(len(remote))
     try:
         results = fleet.run(remote, fleet_options, done)
+    except SshError as exc:  # the ssh config itself is refused (Match exec): nothing was contacted
+        raise UsageProblem(exc.message) from None
     finally:
         stop()
     by_name: Dict[str, List[Entry]] = {}

@@ -26,6 +26,7 @@ SEVERITY_CHOICES = ("info", "warning", "error", "critical", "never")
 
 # Defaults that must agree wherever the option is taken.
 MARGIN_GIB = 2.0
+MAX_MARGIN_GIB = 1024.0  # more than any GPU has
 REQUEST_TOKENS = 8192
 FAIL_ON = "warning"
 
@@ -86,9 +87,9 @@ def analysis_options(margin: float, request_tokens: int) -> "Options":
     """--margin and --request-tokens, checked, as analysis Options."""
     from agent.records import Options
 
-    if margin < 0 or margin != margin:  # margin != margin: NaN passes every comparison
-        raise UsageProblem("--margin must be a number of GiB >= 0")
-    if request_tokens <= 0:
+    if not 0 <= margin <= MAX_MARGIN_GIB:  # also NaN (every comparison fails) and infinity
+        raise UsageProblem("--margin must be a number of GiB from 0 to {:g}".format(MAX_MARGIN_GIB))
+    if not 0 < request_tokens <= 10**9:
         raise UsageProblem("--request-tokens must be a positive number of tokens")
     return Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
 

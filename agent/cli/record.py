@@ -50,8 +50,8 @@ def record(
     from collectors import snapshot
     from reports import prometheus
 
-    if samples < 1 or interval < 0:
-        raise UsageProblem("--samples must be >= 1 and --interval >= 0")
+    if not 1 <= samples <= 10000 or not 0 <= interval <= 86400:  # also NaN and infinity
+        raise UsageProblem("--samples must be 1–10000 and --interval 0–86400 seconds")
     keep_s = None
     if keep and keep != "forever":
         try:

@@ -20,7 +20,7 @@ def watch(
     """Live view: free memory per GPU with a sparkline, and the engine's KV usage. Ctrl-C leaves."""
     from agent import watch as watch_mod
 
-    if interval <= 0 or count < 0:
+    if not 0 < interval <= 86400 or count < 0:  # also NaN and infinity
         raise UsageProblem("--interval must be > 0 and --count >= 0")
     try:
         watch_mod.run(interval, count, nvml_lib, http, color=use_color(color))

@@ -119,8 +119,8 @@ def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
               problems: List[Problem], era: era_mod.Era) -> Optional[KvGeometry]:
     if opts.model_config is None:
         return None
-    tp = args.get("tp_size") if isinstance(args.get("tp_size"), int) else 1
-    dp = args.get("dp_size") if isinstance(args.get("dp_size"), int) else 1
+    tp = args.get("tp_size") if isinstance(args.get("tp_size"), int) and args["tp_size"] > 0 else 1
+    dp = args.get("dp_size") if isinstance(args.get("dp_size"), int) and args["dp_size"] > 0 else 1
     attn_tp = max(1, tp // dp) if args.get("enable_dp_attention") else tp
     dtype = args.get("kv_cache_dtype") or (kv_dtype or "").replace("torch.", "") or None
     try:

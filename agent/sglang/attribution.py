@@ -119,5 +119,5 @@ def _rank_sort_key(rank: str) -> Tuple[Tuple[str, int], ...]:
     parts = []
     for token in rank.split():
         name = token.rstrip("0123456789")
-        parts.append((name, int(token[len(name):] or 0)))
+        parts.append((name, int(token[len(name):][:9] or 0)))
     return tuple(parts)

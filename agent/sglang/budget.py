@@ -203,6 +203,10 @@ def _compute_one(era: Era, inputs: Inputs) -> Budget:
                             "mem_fraction_static cannot be recovered")
         budget = (logged + page_size) * cell + mamba + mm_reserve
         mfs = 1 - (post - budget) / pre
+        if not 0 < mfs <= 1 or pre <= HALF:
+            return _replace(empty, explanation="no server_args line, and the fraction the logged pool implies "
+                            "({:.3f}) is outside (0, 1]: the log's free-memory and pool figures do not fit "
+                            "together".format(mfs))
         lo = 1 - (post + HALF - (logged * (cell_lo or cell))) / (pre - HALF)
         hi = 1 - (post - HALF - ((logged + page_size) * (cell_hi or cell))) / (pre + HALF)
         mfs_source = "back-solved: 1 − (post-load free − KV budget) / pre-load free, {:.4f}–{:.4f}".format(

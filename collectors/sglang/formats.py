@@ -22,12 +22,38 @@ PRINT_TOLERANCE_BYTES = GIB // 200  # 0.005 GiB ≈ 5.4 MB
 _NUM = r"-?\d+(?:\.\d+)?"
 
 
+# Plausible ranges: a figure outside them is not SGLang's (a corrupted or forged line). The
+# extractor then refuses the line (lineformat.match skips it), so it is reported as unrecognised,
+# never a crash and never a number the model trusts.
+MAX_GIB = float(1 << 20)  # 1 PiB of GPU or host memory in one figure
+MAX_COUNT = 10**13  # tokens, requests, lengths
+
+
+class Implausible(ValueError):
+    """A figure outside the range SGLang can print."""
+
+
 def _gib(value: Optional[str]) -> Optional[int]:
-    return None if value is None else int(round(float(value) * GIB))
+    return None if value is None else int(round(_bounded(float(value), MAX_GIB) * GIB))
 
 
 def _gb(value: Optional[str]) -> Optional[int]:
-    return None if value is None else int(round(float(value) * GB))
+    return None if value is None else int(round(_bounded(float(value), MAX_GIB) * GB))
+
+
+def _bounded(x: float, limit: float) -> float:
+    if not -limit <= x <= limit:  # also NaN and the infinities
+        raise Implausible("{!r} is out of range".format(x))
+    return x
+
+
+def _count(text: str, low: int = 0) -> int:
+    if len(text.lstrip("-")) > 16:
+        raise Implausible("{} digits".format(len(text)))
+    n = int(text)
+    if not low <= n <= MAX_COUNT:
+        raise Implausible("{} is out of range".format(n))
+    return n
 
 
 def _find(pattern: "re.Pattern[str]", text: str) -> Optional[str]:
@@ -36,7 +62,10 @@ def _find(pattern: "re.Pattern[str]", text: str) -> Optional[str]:
 
 
 def _int_list(text: str) -> Tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", text))
+    values = re.findall(r"\d+", text)
+    if len(values) > 4096:
+        raise Implausible("{} batch sizes".format(len(values)))
+    return tuple(_count(x) for x in values)
 
 
 _AVAIL = re.compile(r"avail mem=(" + _NUM + r") ?GB", re.IGNORECASE)
@@ -79,22 +108,22 @@ def _load_end(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
 
 
 def _no_room(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"cause": "weights_leave_no_memory", "mfs": float(m.group(1)),
-            "min_mfs": float(m.group(2)) if m.group(2) else None}
+    return {"cause": "weights_leave_no_memory", "mfs": _bounded(float(m.group(1)), 1.0),
+            "min_mfs": _bounded(float(m.group(2)), 1.0) if m.group(2) else None}
 
 
 def _mamba(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"max_size": int(m.group("n")) if m.group("n") else None, "conv_bytes": _gib(m.group("conv")),
+    return {"max_size": _count(m.group("n")) if m.group("n") else None, "conv_bytes": _gib(m.group("conv")),
             "ssm_bytes": _gib(m.group("ssm")),
             "intermediate_bytes": sum(_gib(x) or 0 for x in _MAMBA_EXTRA.findall(msg))}
 
 
 def _summary(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     k = m.group("K")
-    return {"max_total_num_tokens": int(m.group("T")),
-            "chunked_prefill_size": None if k in (None, "None") else int(k),
-            "max_prefill_tokens": int(m.group("P")), "max_running_requests": int(m.group("R")),
-            "context_len": int(m.group("C")), "avail_bytes": _gib(m.group("avail"))}
+    return {"max_total_num_tokens": _count(m.group("T")),
+            "chunked_prefill_size": None if k in (None, "None") else int(_bounded(int(k), MAX_COUNT)),
+            "max_prefill_tokens": _count(m.group("P")), "max_running_requests": _count(m.group("R")),
+            "context_len": _count(m.group("C"), low=1), "avail_bytes": _gib(m.group("avail"))}
 
 
 def _graph(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -107,7 +136,7 @@ def _graph(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     if m.group("edge") == "end":
         data["used_bytes"] = _gib(_find(_USAGE, rest))
         elapsed = _find(_ELAPSED, rest)
-        data["elapsed_s"] = float(elapsed) if elapsed else None
+        data["elapsed_s"] = _bounded(float(elapsed), 1e7) if elapsed else None
     return data
 
 
@@ -125,20 +154,20 @@ def _kv_dtype(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
 
 
 def _swa_split(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"full_tokens": int(m.group("full")) if m.group("full") else None, "swa_tokens": int(m.group("swa"))}
+    return {"full_tokens": _count(m.group("full")) if m.group("full") else None, "swa_tokens": _count(m.group("swa"))}
 
 
 def _swa_pool(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"bytes": _gib(m.group(1)), "swa_tokens": int(m.group(2)), "full_tokens": int(m.group(3))}
+    return {"bytes": _gib(m.group(1)), "swa_tokens": _count(m.group(2)), "full_tokens": _count(m.group(3))}
 
 
 def _post_capture(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"draft": bool(m.group("draft")), "dtype": m.group("dtype"), "tokens": int(m.group("tokens")),
+    return {"draft": bool(m.group("draft")), "dtype": m.group("dtype"), "tokens": _count(m.group("tokens")),
             "kv_bytes": _gib(m.group("kv")), "avail_bytes": _gib(m.group("avail"))}
 
 
 def _hicache_new(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"label": m.group("label").strip() or None, "tokens": int(m.group("tokens")),
+    return {"label": m.group("label").strip() or None, "tokens": _count(m.group("tokens")),
             "host_bytes": _gb(m.group("gb"))}
 
 
@@ -156,7 +185,7 @@ def _kv_pool(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
         return None
     k, v, kv = _gib(m.group("k")), _gib(m.group("v")), _gib(m.group("kv"))
     return {"label": label, "state": m.group("state"), "dtype": m.group("dtype"),
-            "tokens": int(m.group("tokens")) if m.group("tokens") else None, "k_bytes": k, "v_bytes": v,
+            "tokens": _count(m.group("tokens")) if m.group("tokens") else None, "k_bytes": k, "v_bytes": v,
             "kv_bytes": kv if kv is not None else (k or 0) + (v or 0),
             "layout": "single" if kv is not None else "k+v"}
 
@@ -166,7 +195,7 @@ def _cause(cause: str):  # type: ignore[no-untyped-def]
 
 
 def _negative_profile(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"cause": "no_kv_budget", "requested": int(m.group(1)), "profiled": int(m.group(2))}
+    return {"cause": "no_kv_budget", "requested": _count(m.group(1)), "profiled": -_count(m.group(2).lstrip("-"))}
 
 
 def _process_exception(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -186,15 +215,15 @@ def _host_short(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
 
 
 def _mfs_adjusted(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"from": float(m.group(1)), "to": float(m.group(2))}
+    return {"from": _bounded(float(m.group(1)), 1.0), "to": _bounded(float(m.group(2)), 1.0)}
 
 
 def _requests_reduced(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"requested": int(m.group(1)), "effective": int(m.group(2))}
+    return {"requested": _count(m.group(1)), "effective": _count(m.group(2))}
 
 
 def _cap_ignored(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"requested": int(m.group(1)), "profiled": int(m.group(2))}
+    return {"requested": _count(m.group(1)), "profiled": _count(m.group(2))}
 
 
 # --- era clues that need more than the row ------------------------------------------------
@@ -285,7 +314,7 @@ FORMATS: Tuple[LineFormat, ...] = (
          _swa_pool, always("0.5.4", "0.5.17", "'SWAKVPool mem usage'")),
     _row("post_capture_sizing", "post_capture_sizing", "GB",
          r"^Post-capture KV sizing: max_total_num_tokens=(?P<tokens>\d+), free memory=(?P<free>" + _NUM + r") GB",
-         lambda m, msg: {"tokens": int(m.group("tokens")), "free_bytes": _gib(m.group("free"))},
+         lambda m, msg: {"tokens": _count(m.group("tokens")), "free_bytes": _gib(m.group("free"))},
          always("0.5.16", "0.5.16", "'Post-capture KV sizing: max_total_num_tokens='")),
     _row("post_capture_kv", "post_capture_kv", "GB",
          r"^Post-capture KV sizing: (?P<draft>draft )?KV cache allocated\. dtype: (?P<dtype>[^,]+), "

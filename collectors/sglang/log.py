@@ -54,11 +54,11 @@ class LogEvent:
 # "--timestamps" prefix, or a tqdm bar the record was glued to.
 _PREFIX = re.compile(
     r"\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?|\d{2}:\d{2}:\d{2})"
-    r"(?P<tags>(?: (?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)\] ?"
+    r"(?P<tags>(?: (?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d{1,6})*)\] ?"
 )
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # 0.2.0 "[gpu_id=0] ", 0.2.9 "[gpu=0] " inside the message (tolerated, not a rank tag).
-_LEGACY_GPU = re.compile(r"^\[(gpu(?:_id)?=\d+)\] ")
+_LEGACY_GPU = re.compile(r"^\[(gpu(?:_id)?=\d{1,6})\] ")
 # A record that carries a GPU-memory figure (checked only for records no row recognised).
 _MEMORY_FIGURE = re.compile(r"avail mem|mem usage|#tokens|\d GB\b", re.IGNORECASE)
 # journald: "Jan 05 10:00:00 host unit[123]: "; docker compose: "name  | ".

@@ -16,7 +16,7 @@ prints no "draft" marker on those lines (research §1.2), so order within the ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from collectors.sglang.log import LogEvent, parse_line
 
@@ -48,12 +48,21 @@ def _group(rank: Optional[str]) -> str:
     return ""
 
 
-class StartupSegmenter:
-    """Feed events in file order; ``startups`` holds the launches seen so far."""
+_DROPPED: Tuple[LogEvent, ...] = ()
 
-    def __init__(self) -> None:
-        self.startups: List[List[LogEvent]] = []
+
+class StartupSegmenter:
+    """Feed events in file order; ``startups`` holds the launches seen so far.
+
+    ``keep`` bounds memory for any input: with ``keep=k > 0`` only the first k startups keep their
+    events, with ``keep=-k`` only the last k; the others are counted, not stored (a log of a million
+    crash-loop restarts costs a counter, not gigabytes)."""
+
+    def __init__(self, keep: Optional[int] = None) -> None:
+        self.startups: List[Sequence[LogEvent]] = []  # _DROPPED (shared, empty) where not kept
         self._closed: List[bool] = []
+        self._keep = keep
+        self._fed = 0  # events of the current startup, kept or not
         self._reset()
 
     def _reset(self) -> None:
@@ -69,16 +78,21 @@ class StartupSegmenter:
 
     def feed(self, ev: LogEvent) -> None:
         if not self.startups or self._is_boundary(ev):
-            self.startups.append([])
+            index = len(self.startups)
+            self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
             self._closed.append(False)
+            self._fed = 0
             self._reset()
-        self.startups[-1].append(ev)
+            if self._keep is not None and self._keep < 0 and index >= -self._keep:
+                self.startups[index + self._keep] = _DROPPED  # can no longer be among the last k
+        if self.startups[-1] is not _DROPPED:
+            self.startups[-1].append(ev)  # type: ignore[union-attr]
+        self._fed += 1
         self._update(ev)
 
     def _is_boundary(self, ev: LogEvent) -> bool:
-        current = self.startups[-1]
         if ev.kind == "server_args":
-            return bool(current)
+            return self._fed > 0
         if ev.kind not in _BEGIN_KINDS or ev.rank is None:
             return False
         rank = ev.rank
