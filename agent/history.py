@@ -112,6 +112,9 @@ def open_db(path: str, create: bool = True) -> Opened:
     for attempt in (1, 2):
         try:
             conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+            # A text column with invalid UTF-8 (a corrupt page that passes quick_check) must not make
+            # every later read fail: decode with replacement.
+            conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
             ok, why = _is_ours(conn)
             if ok:
                 quick = conn.execute("PRAGMA quick_check").fetchone()[0]
@@ -224,11 +227,20 @@ def add_sample(conn: sqlite3.Connection, run_id: int, taken_at: float, collected
         raise
 
 
-def prune(conn: sqlite3.Connection, older_than: float) -> int:
-    """Delete samples taken before ``older_than`` (and runs left empty). Returns samples removed."""
+def prune(conn: sqlite3.Connection, older_than: float, keep_run: Optional[int] = None) -> int:
+    """Delete samples taken before ``older_than`` (and runs left empty). Returns samples removed.
+
+    The clock is not trusted: the cutoff is never later than the newest sample before this run
+    minus the same window (a clock jumped 400 days ahead must not erase the history), and the
+    current run's samples (``keep_run``) are never removed."""
+    window_end = conn.execute("SELECT MAX(taken_at) FROM samples WHERE run_id IS NOT ?", (keep_run,)).fetchone()[0]
+    if window_end is not None:
+        now = time.time()
+        older_than = min(older_than, window_end - max(0.0, now - older_than))
     conn.execute("BEGIN IMMEDIATE")
     try:
-        n = conn.execute("DELETE FROM samples WHERE taken_at < ?", (older_than,)).rowcount
+        n = conn.execute("DELETE FROM samples WHERE taken_at < ? AND run_id IS NOT ?",
+                         (older_than, keep_run)).rowcount
         conn.execute("DELETE FROM runs WHERE id NOT IN (SELECT DISTINCT run_id FROM samples)")
         conn.execute("COMMIT")
         return n

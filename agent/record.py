@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
@@ -74,7 +75,17 @@ def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
 
 def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, samples: int = 1,
            interval_s: float = 0.0, keep_s: Optional[float] = None, target: str = "local") -> RecordResult:
-    """Take ``samples`` snapshots into the history. The caller holds ``history.Lock``."""
+    """Take ``samples`` snapshots into the history. The caller holds ``history.Lock``. A history that
+    cannot be written (disk full, a read-only file) is a HistoryError, one sentence."""
+    try:
+        return _record(db_path, collect, opts, samples, interval_s, keep_s, target)
+    except sqlite3.OperationalError as exc:
+        raise history.HistoryError("{}: cannot write the history: {} (a full disk or a read-only file? "
+                                   "--db PATH chooses another)".format(db_path, exc)) from None
+
+
+def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, samples: int,
+            interval_s: float, keep_s: Optional[float], target: str) -> RecordResult:
     opened = history.open_db(db_path)
     conn = opened.conn
     written = 0
@@ -110,7 +121,7 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
             collected = not insp.collected_nothing
             history.add_sample(conn, run_id, now, collected, gpus, _engine_row(insp))
             written += 1
-        pruned = history.prune(conn, time.time() - keep_s) if keep_s else 0
+        pruned = history.prune(conn, time.time() - keep_s, keep_run=run_id) if keep_s else 0
         stats = history.run_stats(conn, run_id)
         assert insp is not None
         # Findings and recommendations now rest on the run's history, not only the last look.

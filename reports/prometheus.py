@@ -129,8 +129,22 @@ def _collectors(gauge, insp: Inspection) -> None:  # type: ignore[no-untyped-def
 
 
 def write(path: str, reg) -> None:
+    """Atomically (prometheus-client writes ``PATH.<pid>.<thread>`` and renames it into place).
+    A run killed inside that window leaves its temporary file: the next run removes any whose
+    writer is gone."""
+    import glob
+    import os
+    import re
+
     from prometheus_client import write_to_textfile
 
+    for stale in glob.glob(glob.escape(path) + ".*"):
+        m = re.match(re.escape(path) + r"\.(\d+)\.\d+$", stale)
+        if m and not os.path.exists("/proc/{}".format(m.group(1))):
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
     write_to_textfile(path, reg)
 
 

@@ -327,3 +327,32 @@ def test_nested_namespace_pids_map_through_nspid(tmp_path):
     (proc / "status").write_text("Name:\tpython\nNSpid:\t4242\t17\n")
     assert procfs.parse_nspid("NSpid:\t4242\t17\t3\n") == [4242, 17, 3]
     assert procfs.nspid_index(str(tmp_path)) == {17: 4242}
+
+
+def test_mutated_bundles_are_one_line_errors_never_crashes(tmp_path):
+    """5% of a real bundle's values swapped for wrong types, huge numbers, deep nesting: exit 0/1/2
+    with one line, never 4; what loads validates against the snapshot schema."""
+    import random
+
+    seed = json.loads((ROOT / "examples" / "seed-node.json").read_text())
+    rng = random.Random(11)
+    hostile = [None, "x", -1, 10**30, 1e308, [], {}, [[[[[[[[]]]]]]]], True, "9" * 5000]
+
+    def mutate(value):
+        if isinstance(value, dict):
+            return {k: (rng.choice(hostile) if rng.random() < 0.05 else mutate(v)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rng.choice(hostile) if rng.random() < 0.05 else mutate(v) for v in value]
+        return value
+
+    path = tmp_path / "b.json"
+    for _ in range(40):
+        path.write_text(json.dumps(mutate(seed)))
+        code, out, err = run_cli(["inspect", "--from", str(path), "--json"])
+        assert code in (0, 1, 2), err
+        if code == 2:
+            assert err.count("\n") == 1 and "Traceback" not in err
+    nested = tmp_path / "deep.json"
+    nested.write_text('{"schema": "kvforensics.snapshot/1", "x": ' + "[" * 100000 + "]" * 100000 + "}")
+    code, out, err = run_cli(["inspect", "--from", str(nested)])
+    assert code == 2 and "not a kvforensics bundle" in err

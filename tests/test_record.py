@@ -401,3 +401,51 @@ def test_a_lost_gpu_keeps_its_labels_and_stops_the_unused_figure(node, tmp_path)
     assert lost.value == 0 and lost.labels["uuid"] == uuid  # the same series as before, not a new one
     assert _sample(fams, "kvforensics_engine_unused_bytes") is None  # never "unused" beside a lost GPU
     assert _sample(fams, "kvforensics_findings", code="gpu_lost").value == 1
+
+
+def test_a_clock_400_days_ahead_does_not_erase_the_history(node, tmp_path, monkeypatch):
+    db = tmp_path / "h.db"
+    for _ in range(3):
+        _record(db)
+    from agent import history as h
+
+    jumped = time.time() + 400 * 86400
+    monkeypatch.setattr(h.time, "time", lambda: jumped)
+    opened = h.open_db(str(db))
+    try:
+        before = opened.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        removed = h.prune(opened.conn, jumped - 30 * 86400, keep_run=None)  # what record computes
+        after = opened.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    finally:
+        opened.conn.close()
+    assert before == 3 and removed == 0 and after == 3
+
+
+def test_invalid_utf8_in_the_history_does_not_stop_later_runs(node, tmp_path):
+    db = tmp_path / "h.db"
+    _record(db)
+    conn = sqlite3.connect(str(db))
+    conn.execute("UPDATE runs SET model = CAST(X'FFFE41' AS TEXT)")
+    conn.commit()
+    conn.close()
+    code, out, err = _record(db)
+    assert code == 0, err
+    assert run_cli(["history", "--db", str(db), "--json"])[0] == 0
+
+
+def test_a_read_only_history_is_one_clear_line(node, tmp_path):
+    db = tmp_path / "h.db"
+    _record(db)
+    os.chmod(str(db), 0o444)
+    if os.geteuid() == 0:
+        pytest.skip("root writes read-only files")
+    code, out, err = _record(db)
+    assert code == 2 and "cannot write the history" in err and "Traceback" not in err
+
+
+def test_a_killed_writer_leaves_no_temp_file_behind(node, tmp_path):
+    prom = tmp_path / "k.prom"
+    stale = tmp_path / "k.prom.999999999.1"  # a writer that no longer exists
+    stale.write_text("half")
+    _record(tmp_path / "h.db", prom)
+    assert prom.exists() and not stale.exists()
