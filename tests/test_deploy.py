@@ -116,3 +116,30 @@ def test_deploy_files_usage():
     assert run_cli(["deploy-files"])[0] == 2
     code, out, err = run_cli(["deploy-files", "--print"])
     assert code == 0 and "# ==> kvforensics.rules.yml <==" in out
+
+
+def test_the_sdist_holds_what_the_tests_need(tmp_path):
+    """A source distribution built from this tree carries the tests with their conftest, fixtures
+    and the fake driver's source, the schemas and the deployment files."""
+    import tarfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in SOURCES + ("MANIFEST.in", "Makefile", "tests", "examples", "bench", ".ci"):
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(str(path), str(src / name), ignore=shutil.ignore_patterns("__pycache__", "build"))
+        else:
+            shutil.copy(str(path), str(src / name))
+    out = tmp_path / "dist"
+    code = "from setuptools import build_meta; print(build_meta.build_sdist({!r}))".format(str(out))
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(src), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(str(out / done.stdout.strip().splitlines()[-1])) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for needed in ("tests/conftest.py", "tests/fake_nvml/fake_nvml.c", "tests/fixtures/line_formats.txt",
+                   "tests/fixtures/real_sglang/README.md", "tests/conformance/test_sglang_eras.py",
+                   "agent/schemas/report.schema.json", "deploy/kvforensics.rules.test.yml", "LICENSE", "Makefile",
+                   "examples/seed-node.json", ".ci/run"):
+        assert needed in names, needed
+    assert not any(n.endswith((".so", ".so.1", ".pyc")) for n in names)
