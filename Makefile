@@ -32,9 +32,10 @@ $(FAKE_NVML): tests/fake_nvml/fake_nvml.c
 	@mkdir -p $(dir $@)
 	$${CC:-cc} -O2 -Wall -shared -fPIC -o $@ $< -ldl
 
-# Only on a machine with an NVIDIA GPU: NVML collector vs nvidia-smi vs torch, with a known allocation.
+# Only on a machine with an NVIDIA GPU: the NVML collector vs nvidia-smi vs CUDA's cuMemGetInfo, with a
+# known allocation made through the CUDA driver API (ctypes; nothing to install beyond the venv).
 gpu-check: $(STAMP)
-	@echo ">> comparing the NVML collector with nvidia-smi and torch.cuda.mem_get_info"
+	@echo ">> comparing the NVML collector with nvidia-smi and the CUDA driver API"
 	$(BIN)/python bench/gpu_check.py
 
 lint: $(STAMP)
