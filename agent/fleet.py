@@ -41,17 +41,7 @@ class FleetOptions:
     accept_new: bool = False
     parallel: int = DEFAULT_PARALLEL
     timeout_s: float = DEFAULT_TIMEOUT_S
-
-
-def read_hosts_file(path: str) -> List[str]:
-    """One target per line; '#' starts a comment; blank lines are skipped."""
-    hosts = []
-    with open(path, "r", encoding="utf-8") as f:
-        for line in f:
-            line = line.split("#", 1)[0].strip()
-            if line:
-                hosts.append(line)
-    return hosts
+    identity: Optional[str] = None  # --identity FILE: tried first, like ssh -i
 
 
 def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.Probe) -> HostResult:
@@ -59,7 +49,7 @@ def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.
     deadline = start + opts.timeout_s
     session = None
     try:
-        spec = ssh.resolve(target, config, opts.accept_new)
+        spec = ssh.resolve(target, config, opts.accept_new, opts.identity)
         session = ssh.connect(spec, config, deadline, opts.accept_new)
         result = ssh.exec_once(session, probe_mod.REMOTE_COMMAND, probe.script, deadline)
         stderr = result.stderr.decode("utf-8", "replace")[-4000:]

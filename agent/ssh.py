@@ -22,6 +22,7 @@ import getpass
 import hashlib
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -68,6 +69,9 @@ class HostSpec:
         return self.hostname if self.port == 22 else "[{}]:{}".format(self.hostname, self.port)
 
 
+_HOSTNAME = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|[0-9A-Fa-f:.]+(?:%\w+)?)$")
+
+
 def _port(text: str, where: str) -> int:
     """A TCP port, 1–65535: 99999 must not wrap to another port, nor 0 become 22."""
     if not text.isdigit() or not 1 <= int(text) <= 65535:
@@ -111,7 +115,8 @@ def load_config(path: Optional[str]) -> paramiko.SSHConfig:
     return paramiko.SSHConfig.from_path(path)
 
 
-def resolve(target: str, config: paramiko.SSHConfig, accept_new: bool = False) -> HostSpec:
+def resolve(target: str, config: paramiko.SSHConfig, accept_new: bool = False,
+            identity: Optional[str] = None) -> HostSpec:
     user, host, port = _split_target(target)
     if not host or host.startswith("-"):
         raise SshError("error", "{!r} is not a host".format(target))
@@ -120,6 +125,9 @@ def resolve(target: str, config: paramiko.SSHConfig, accept_new: bool = False) -
         raise SshError("error", "{}: ProxyCommand is not supported (it runs a local shell command); use "
                        "ProxyJump".format(target))
     hostname = entry.get("hostname", host)
+    if not _HOSTNAME.match(hostname):  # e.g. an unexpanded "gpu-{01..03}" from /bin/sh
+        raise SshError("error", "{!r} is not a host name (letters, digits, '.', '-', or an IP address)".format(
+            hostname))
     port = port or _port(str(entry.get("port", 22)), "{} (ssh config Port)".format(target))
     user = user or entry.get("user") or getpass.getuser()
     jumps = tuple(j.strip() for j in entry.get("proxyjump", "").split(",") if j.strip() and j.strip() != "none")
@@ -130,7 +138,7 @@ def resolve(target: str, config: paramiko.SSHConfig, accept_new: bool = False) -
     alive = entry.get("serveraliveinterval")
     known = tuple(entry.get("userknownhostsfile", "").split()) or DEFAULT_KNOWN_HOSTS
     return HostSpec(target=target, hostname=hostname, port=port, user=user,
-                    identity_files=tuple(entry.get("identityfile", ())),
+                    identity_files=((identity,) if identity else ()) + tuple(entry.get("identityfile", ())),
                     identities_only=entry.get("identitiesonly", "no").lower() == "yes",
                     proxy_jump=jumps, connect_timeout=float(timeout) if timeout else None,
                     server_alive_interval=int(alive) if alive else None, known_hosts=known,
@@ -162,10 +170,12 @@ def check_host_key(spec: HostSpec, key: paramiko.PKey) -> Optional[str]:
         recorded = known.get(key.get_name())
         if recorded is not None and recorded == key:
             return None
+        holder = _file_holding(spec, name)
         raise SshError("host_key_refused", (
             "WARNING: the host key of {} has CHANGED (now {} {}). Someone may be intercepting the connection "
             "(man-in-the-middle), or the host was reinstalled. Refused whatever the options; if the change is "
-            "expected, remove the old key: ssh-keygen -R '{}'").format(name, key.get_name(), fingerprint(key), name))
+            "expected, remove the old key: ssh-keygen -f '{}' -R '{}'").format(
+                name, key.get_name(), fingerprint(key), holder, name))
     if spec.strict != "accept-new":
         raise SshError("host_key_refused", (
             "{} is not a known host ({} key {}). Check the fingerprint, then accept it with "
@@ -176,11 +186,27 @@ def check_host_key(spec: HostSpec, key: paramiko.PKey) -> Optional[str]:
     return "recorded new host key for {} ({} {}) in {}".format(name, key.get_name(), fingerprint(key), path)
 
 
+def _file_holding(spec: HostSpec, name: str) -> str:
+    """The known_hosts file that records ``name`` (the one ssh-keygen -R must edit)."""
+    for path in [os.path.expanduser(p) for p in spec.known_hosts] + [SYSTEM_KNOWN_HOSTS]:
+        if os.path.exists(path):
+            keys = paramiko.HostKeys()
+            try:
+                keys.load(path)
+            except (OSError, paramiko.SSHException):
+                continue
+            if keys.lookup(name):
+                return path
+    return os.path.expanduser(spec.known_hosts[0])
+
+
 def record_host_key(path: str, name: str, key: paramiko.PKey) -> None:
-    """Append ``name key`` to known_hosts: under a lock, via a temp file and rename."""
+    """Append ``name key`` to known_hosts: under a lock (on the folder itself, so no lock file is
+    left behind), via a temp file and rename."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    with open(path + ".lock", "a") as lock:
+    lock = os.open(folder, os.O_RDONLY)
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             current = open(path, "rb").read() if os.path.exists(path) else b""
@@ -206,6 +232,8 @@ def record_host_key(path: str, name: str, key: paramiko.PKey) -> None:
                 raise
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
 
 
 def _load_key(path: str, interactive: bool, notes: List[str]) -> Optional[paramiko.PKey]:
@@ -234,7 +262,9 @@ def _load_key(path: str, interactive: bool, notes: List[str]) -> Optional[parami
 
 def authenticate(transport: paramiko.Transport, spec: HostSpec, interactive: bool) -> None:
     notes: List[str] = []
-    configured = [k for k in (_load_key(p, interactive, notes) for p in spec.identity_files) if k is not None]
+    loaded = [(p, _load_key(p, interactive, notes)) for p in spec.identity_files]
+    configured = [k for _, k in loaded if k is not None]
+    names = {k.get_base64(): os.path.expanduser(p) for p, k in loaded if k is not None}
     candidates: List[paramiko.PKey] = []
     try:
         agent_keys = list(paramiko.Agent().get_keys())
@@ -247,7 +277,11 @@ def authenticate(transport: paramiko.Transport, spec: HostSpec, interactive: boo
         candidates.extend(agent_keys)
     candidates.extend(configured)
     if not spec.identities_only and not spec.identity_files:
-        candidates.extend(k for k in (_load_key(p, interactive, notes) for p in DEFAULT_IDENTITIES) if k is not None)
+        for p in DEFAULT_IDENTITIES:
+            k = _load_key(p, interactive, notes)
+            if k is not None:
+                candidates.append(k)
+                names[k.get_base64()] = os.path.expanduser(p)
     for key in candidates:
         try:
             transport.auth_publickey(spec.user, key)
@@ -257,9 +291,12 @@ def authenticate(transport: paramiko.Transport, spec: HostSpec, interactive: boo
             raise SshError("auth_failed", "{}@{}: {}".format(spec.user, spec.hostname, exc)) from None
         if transport.is_authenticated():
             return
+    tried = ", ".join("{} {}".format(names.get(k.get_base64(), "agent key"), fingerprint(k)) for k in candidates)
     detail = "; ".join(notes)
-    raise SshError("auth_failed", "{}@{}: no key was accepted (tried {} key(s){})".format(
-        spec.user, spec.known_hosts_name, len(candidates), "; " + detail if detail else ""))
+    raise SshError("auth_failed", "{}@{}: no key was accepted (tried {}{}). Choose the user with user@host or "
+                   "User, the key with --identity FILE or IdentityFile in the ssh config".format(
+                       spec.user, spec.known_hosts_name, tried or "no key at all: no agent, no IdentityFile, no "
+                       "~/.ssh/id_*", "; " + detail if detail else ""))
 
 
 @dataclass

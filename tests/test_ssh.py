@@ -148,6 +148,7 @@ def test_unknown_host_key_refused_then_accepted_and_remembered(env):
     assert t["status"] in ("ok", "partial") and "recorded new host key" in err
     text = (env["dir"] / "empty_known_hosts").read_text()
     assert text.count("\n") == 1 and text.startswith("[127.0.0.1]:")
+    assert not any(p.name.endswith(".lock") for p in env["dir"].iterdir())  # no lock file left behind
     code, (t,), err = _run(env, "strangerhost")  # remembered: no flag needed now
     assert t["status"] in ("ok", "partial") and "recorded" not in err
 
@@ -166,6 +167,8 @@ def test_changed_host_key_is_always_refused(env, server, tmp_path):
         code, (t,), err = _run(env, "node", *extra, expect=3)
         assert t["status"] == "host_key_refused"
         assert "CHANGED" in t["problems"][0]["message"] and "man-in-the-middle" in t["problems"][0]["message"]
+        # the advice edits the file that holds the key (this config's UserKnownHostsFile), not ~/.ssh/known_hosts
+        assert "ssh-keygen -f '{}' -R".format(env["known"]) in t["problems"][0]["message"]
     assert env["known"].read_text().count("\n") == 1  # nothing was recorded
 
 
@@ -176,7 +179,9 @@ def test_proxy_jump(env):
 
 def test_wrong_key_is_auth_failed(env):
     code, (t,), err = _run(env, "wrongkey", expect=3)
-    assert t["status"] == "auth_failed" and "no key was accepted" in t["problems"][0]["message"]
+    msg = t["problems"][0]["message"]
+    assert t["status"] == "auth_failed" and "no key was accepted" in msg
+    assert "SHA256:" in msg and "--identity FILE" in msg  # which keys were tried, and how to choose
 
 
 def test_connection_refused(env, tmp_path):
@@ -261,6 +266,7 @@ def test_fleet_summary_and_hosts_file(env, tmp_path):
     for host in ("node", "node2", "wrongkey"):
         assert host in out
     assert "auth_failed" in out
+    assert "auth_failed" not in err  # a down host is reported once: in the table, not again on stderr
     code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--hosts-file", str(hosts), "--no-http",
                               "--json"])
     doc = json.loads(out)

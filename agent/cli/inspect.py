@@ -166,16 +166,19 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], as_jso
 
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
-    """The hosts named as arguments, then those in --hosts-file."""
+    """The hosts named as arguments, then those in --hosts-file, with host ranges expanded."""
+    from agent.targets import expand_targets, read_hosts_file
+
     names = list(targets or [])
     if hosts_file:
-        from agent.fleet import read_hosts_file
-
         try:
             names += read_hosts_file(hosts_file)
         except OSError as exc:
             raise UsageProblem("--hosts-file {}: {}".format(hosts_file, exc.strerror or exc)) from None
-    return names
+    try:
+        return expand_targets(names)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def _collect(settings: InspectSettings) -> List[Entry]:
@@ -248,13 +251,12 @@ def _collect_remote(remote: List[str], settings: InspectSettings) -> Dict[str, L
 
 
 def _remote_entry(r: HostResult) -> Entry:
-    """A host's result as an entry; its notes, and why nothing came back, go to stderr."""
+    """A host's result as an entry; its notes (a recorded host key, a skipped key) go to stderr."""
     for note in r.notes:
         sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
     target = "ssh:" + r.target
-    if r.snapshot is None:
+    if r.snapshot is None:  # reported once, in the table or the JSON, not again on stderr
         code, message = r.problem or ("ssh.error", "failed")
-        sys.stderr.write("kvforensics: {}: {}\n".format(r.status, message))
         return (target, None, TargetFailure(target, r.status, code, message))
     return (target, r.snapshot, None)
 

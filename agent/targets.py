@@ -1,0 +1,68 @@
+"""The hosts a command is about: as typed, from a hosts file, and with ranges expanded.
+
+Kept apart from the SSH fleet (paramiko costs ~150 ms to import) so naming hosts is cheap.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List, Sequence
+
+MAX_EXPANDED_HOSTS = 10000
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")  # pdsh/ClusterShell: gpu-[01-64,70]
+_BRACES = re.compile(r"\{([^{}]*)\}")  # bash: gpu-{01..64}, {a,b}
+
+
+def expand_targets(names: Sequence[str]) -> List[str]:
+    """Host ranges expanded here, as pdsh and bash would (so a cron line or /bin/sh, where braces
+    do not expand, still works): ``gpu-[01-64]``, ``gpu-[1-3,7]``, ``gpu-{01..64}``, ``{a,b}-node``.
+    Zero padding follows the range's first bound. ValueError names a bad pattern."""
+    out: List[str] = []
+    for name in names:
+        out.extend(_expand(name))
+        if len(out) > MAX_EXPANDED_HOSTS:
+            raise ValueError("more than {:,} hosts after expanding ranges".format(MAX_EXPANDED_HOSTS))
+    return out
+
+
+def _expand(name: str) -> List[str]:
+    m = _BRACKETS.search(name) or _BRACES.search(name)
+    if m is None:
+        if any(c in name for c in "[]{}"):
+            raise ValueError("{!r}: unbalanced brackets or braces in a host range".format(name))
+        return [name]
+    body = m.group(1)
+    if m.group(0).startswith("["):
+        items = [x for part in body.split(",") for x in _range(part, "-", name)]
+    elif ".." in body:
+        items = _range(body, "..", name)
+    else:
+        items = body.split(",")
+    if not items or not all(items):
+        raise ValueError("{!r}: an empty host range".format(name))
+    return [h for item in items for h in _expand(name[:m.start()] + item + name[m.end():])]
+
+
+def _range(part: str, sep: str, name: str) -> List[str]:
+    if sep not in part:
+        return [part]
+    lo, _, hi = part.partition(sep)
+    if not (lo.isdigit() and hi.isdigit()) or len(lo) > 9 or len(hi) > 9:
+        raise ValueError("{!r}: a range is two numbers, like 01{}64".format(name, sep))
+    a, b = int(lo), int(hi)
+    if abs(b - a) >= MAX_EXPANDED_HOSTS:
+        raise ValueError("{!r}: more than {:,} hosts in one range".format(name, MAX_EXPANDED_HOSTS))
+    step = 1 if b >= a else -1
+    width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
+    return [str(n).zfill(width) for n in range(a, b + step, step)]
+
+
+def read_hosts_file(path: str) -> List[str]:
+    """One target per line; '#' starts a comment; blank lines are skipped."""
+    hosts = []
+    with open(path, "r", encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                hosts.append(line)
+    return hosts
