@@ -376,6 +376,7 @@ def test_a_run_that_collects_nothing_is_not_a_success(tmp_path, monkeypatch):
     assert _sample(fams, "kvforensics_collector_success", collector="nvml").value == 0
     if code == 3:  # this machine has no SGLang engine either: nothing at all was collected
         assert "kvforensics_last_success_timestamp_seconds" not in fams
+        assert "collected nothing" in err and "recorded" not in out
 
 
 def test_the_low_water_alert_reads_this_runs_minimum_and_the_margin(node, tmp_path):

@@ -85,6 +85,11 @@ def record(
                                                             result.run_min))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
+    if result.inspection.collected_nothing:  # say so even with --quiet: cron mails it
+        why = "; ".join(p.message for p in result.inspection.problems[:3]) or "no GPU, no engine, no host memory"
+        sys.stderr.write("kvforensics: record collected nothing on this node ({}); the sample says so and "
+                         "last_success is not updated\n".format(why))
+        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
     if not quiet:
         st = result.stats
         low = min((lw.min_free_bytes for lw in st.gpus if lw.min_free_bytes is not None and lw.rank), default=None)
@@ -93,8 +98,6 @@ def record(
             ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else "",
             "; pruned {}".format(result.pruned) if result.pruned else "",
             "; wrote {}".format(prom_file) if prom_file else ""))
-    if result.inspection.collected_nothing:
-        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
 
 
 def _ensure_folder(path: str) -> None:
