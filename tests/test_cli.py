@@ -125,3 +125,18 @@ def test_non_finite_numbers_never_reach_json(tmp_path):
     assert "Infinity" not in out and "NaN" not in out
     doc = json.loads(out, parse_constant=lambda c: pytest.fail(c))
     assert doc["targets"][0]["engine"]["server_args"]["weird_a"] is None
+
+
+def test_version_and_short_help():
+    code, out, err = run_cli(["-V"])
+    assert code == 0 and out.startswith("kvforensics ")
+    code, out, err = run_cli(["--version"])
+    assert code == 0 and out.startswith("kvforensics ")
+    for argv in (["-h"], ["analyze", "-h"], ["inspect", "-h"], ["record", "-h"]):
+        code, out, err = run_cli(argv)
+        assert code == 0 and out.startswith("Usage: kvforensics"), argv
+
+
+def test_shell_completion_is_installable():
+    code, out, err = run_cli(["--help"])
+    assert "--install-completion" in out and "--show-completion" in out

@@ -19,18 +19,33 @@ from agent.cli.options import UsageProblem
 __all__ = ["app", "entry", "main", "UsageProblem"]
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     no_args_is_help=True,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Explain where an LLM inference server's GPU memory went, and what to change to turn "
     "free memory into KV tokens and concurrent requests. Sizes are GiB on screen, bytes in JSON. "
     "Environment: NO_COLOR disables colour; KVFORENSICS_DEBUG=1 shows tracebacks of internal errors.",
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            sys.stdout.write("kvforensics {}\n".format(version("kvforensics")))
+        except PackageNotFoundError:
+            sys.stdout.write("kvforensics (not installed: running from a source tree)\n")
+        raise typer.Exit(exitcodes.EXIT_OK)
+
+
 @app.callback()
-def _group() -> None:
-    """Keep subcommands even while there is only one (typer collapses single-command apps)."""
+def _group(
+    show_version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                      help="Print the version and exit."),
+) -> None:
+    """Explain where an LLM inference server's GPU memory went (see COMMAND --help)."""
 
 
 # Registered here, in the order `kvforensics --help` lists them.
