@@ -47,6 +47,19 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class KvChange:
+    """An engine flag change that moves the KV pool by at most the bytes asked for, after the
+    engine's own rounding of the flag: what the unused-memory finding quotes and the
+    recommendation proposes, so both say the same GiB and the same tokens."""
+
+    flag: str
+    value: str
+    gain_bytes: int  # per rank; negative: memory given back
+    gain_tokens: int  # per rank
+    rounding: str  # why gain_bytes differs from the bytes asked for (one sentence, said once)
+
+
+@dataclass(frozen=True)
 class Options:
     """Analysis knobs, all documented in the README."""
 

@@ -64,7 +64,8 @@ def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Opt
         c.print("\nrun {} · {} · {} · {} → {} · {:,} samples".format(
             r.run_key, r.engine or "no engine", r.model or "", _when(r.first_seen), _when(r.last_seen), r.samples))
         if r.kv_tokens:
-            peak = ("peak {:,} tokens in use ({:.0%})".format(r.peak_used_tokens, r.peak_token_usage or 0)
+            usage = "—" if r.peak_token_usage is None else "{:.0%}".format(r.peak_token_usage)
+            peak = ("peak {:,} tokens in use ({})".format(r.peak_used_tokens, usage)
                     if r.peak_used_tokens is not None else "no /metrics samples")
             c.print("  KV pool {:,} tokens; {}".format(r.kv_tokens, peak))
         table = Table(show_edge=False, pad_edge=False)
