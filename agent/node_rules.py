@@ -161,7 +161,8 @@ def nvml_unavailable(ctx: "Context") -> Iterator[Finding]:
         msg = "; ".join(p.message for p in nv.problems) or "NVML unavailable"
         yield Finding("nvml_unavailable", "warning", "No GPU information: " + msg,
                       "Without NVML kvforensics cannot see GPU memory; host memory and engine processes are "
-                      "still reported.", None, ("nvml",))
+                      "still reported.", None, ("nvml",), proof=msg,
+                      action="check the NVIDIA driver with nvidia-smi, or pass --nvml-lib PATH")
 
 
 def gpu_lost(ctx: "Context") -> Iterator[Finding]:
@@ -170,7 +171,9 @@ def gpu_lost(ctx: "Context") -> Iterator[Finding]:
             yield Finding("gpu_lost", "critical", "GPU {} is lost".format(g.index),
                           "NVML answers GPU_IS_LOST: the GPU fell off the bus or hit a fatal error. It needs a "
                           "reset (nvidia-smi -r) or a reboot; any engine rank on it is dead.", None,
-                          ("nvmlDeviceGetHandleByIndex({})".format(g.index),))
+                          ("nvmlDeviceGetHandleByIndex({})".format(g.index),),
+                          proof="NVML answers GPU_IS_LOST for GPU {}".format(g.index),
+                          action="reset GPU {} (nvidia-smi -r -i {}) or reboot the node".format(g.index, g.index))
 
 
 def engine_not_found(ctx: "Context") -> Iterator[Finding]:
@@ -188,7 +191,8 @@ def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
     why = "; ".join(p.message for p in log.problems) or "no startup lines"
     yield Finding("engine_log_missing", "warning", "The engine's startup log could not be read",
                   why + ". Live GPU numbers are shown, but not what the engine allocated; pass "
-                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.source or "engine_log",))
+                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.source or "engine_log",), proof=why,
+                  action="pass --log PATH|journal:UNIT|docker:NAME")
 
 
 # --- the questions logs and live nodes share -----------------------------------------------
@@ -397,7 +401,10 @@ def orphaned_gpu_memory(ctx: "Context") -> Iterator[Finding]:
                               "(find holders with `lsof /dev/nvidia*`), or a process in another PID namespace "
                               "when kvforensics runs inside a container.", p.used_bytes,
                               ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index),
-                               "/proc/{}".format(p.pid)))
+                               "/proc/{}".format(p.pid)),
+                              proof="NVML charges {} on GPU {} to PID {}; /proc/{} does not exist".format(
+                                  gib(p.used_bytes), g.index, p.pid, p.pid),
+                              action="find the holder with `lsof /dev/nvidia*` and end it (or reboot)")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ class Finding:
     detail: str
     bytes: Optional[int] = None
     evidence: Tuple[str, ...] = ()
+    # For the report's verdict, when this finding is the answer: the figures that prove it in one
+    # line, and what to do first when that comes before any flag change (a lost GPU, a fragment).
+    proof: str = ""
+    action: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,19 @@ class KvChange:
     gain_bytes: int  # per rank; negative: memory given back
     gain_tokens: int  # per rank
     rounding: str  # why gain_bytes differs from the bytes asked for (one sentence, said once)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer first: the question the report answers, the one-sentence cause, the figures
+    that prove it, and the single best action with its gain (``agent/verdict.py``)."""
+
+    question: str
+    cause: str
+    proof: str
+    action: str
+    cause_finding: Optional[str] = None  # the finding's code the cause is
+    action_recommendation: Optional[int] = None  # 0-based index in the recommendations, when one is the action
 
 
 @dataclass(frozen=True)
