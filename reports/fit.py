@@ -120,7 +120,7 @@ def first_words(text: str, width: int) -> str:
     return text if cell_len(text) <= width else best
 
 
-BREAKS = "/,;:=&?-.)"  # a word longer than a line (a path, a URL) is broken after one of these
+BREAKS = "/,;:=&?.)"  # a word longer than a line (a path, a URL) is broken after one of these
 
 
 def _pieces(word: str, width: int) -> List[str]:

@@ -65,22 +65,22 @@ def to_json(path: str, since: str, runs: Sequence[Any]) -> Dict[str, Any]:
 
 def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Optional[int]]], color: bool = True,
            width: int = 110) -> str:
-    from reports.terminal import _say, console, text_of
+    from reports.terminal import console, say, text_of
 
     buf, c = console(color, width)
-    _say(c, "kvforensics history · {} · last {} · {} engine run(s)".format(path, since, len(runs)))
+    say(c, "kvforensics history · {} · last {} · {} engine run(s)".format(path, since, len(runs)))
     if not runs:
-        _say(c, "no samples in this window (kvforensics record adds them)", indent=2)
+        say(c, "no samples in this window (kvforensics record adds them)", indent=2)
     for r in runs:
         c.print()
-        _say(c, "run {} · {} · {} · {} → {} · {:,} samples".format(
+        say(c, "run {} · {} · {} · {} → {} · {:,} samples".format(
             r.run_key, r.engine or "no engine", r.model or "—", _when(r.first_seen), _when(r.last_seen), r.samples))
-        _say(c, _basis(r), indent=2)
+        say(c, _basis(r), indent=2)
         if r.kv_tokens:
             usage = "—" if r.peak_token_usage is None else "{:.0%}".format(r.peak_token_usage)
             peak = ("peak {:,} tokens in use ({})".format(r.peak_used_tokens, usage)
                     if r.peak_used_tokens is not None else "no /metrics samples")
-            _say(c, "KV pool {:,} tokens; {}".format(r.kv_tokens, peak), indent=2)
+            say(c, "KV pool {:,} tokens; {}".format(r.kv_tokens, peak), indent=2)
         _low_water_table(c, r, plots)
     return text_of(buf)
 
@@ -112,7 +112,7 @@ def _rows(r: Any, plots: Dict[int, List[Optional[int]]]) -> List[Tuple[List[str]
 
 
 def _low_water_table(c: Any, r: Any, plots: Dict[int, List[Optional[int]]]) -> None:
-    from reports.terminal import _table
+    from reports.terminal import print_table
 
     rows = _rows(r, plots)
     title = "Free GiB per GPU (lowest = the low-water mark; identical GPUs share a row)"
@@ -121,8 +121,8 @@ def _low_water_table(c: Any, r: Any, plots: Dict[int, List[Optional[int]]]) -> N
     room = width - fit.table_width(fit.fit_table(COLUMNS, [cells for cells, _ in rows], width - SPARK_CELLS[0]
                                                  - fit.SEPARATOR)) - fit.SEPARATOR
     if room < SPARK_CELLS[0]:
-        _table(c, title, COLUMNS, [cells for cells, _ in rows])
+        print_table(c, title, COLUMNS, [cells for cells, _ in rows])
         return
     cells = min(SPARK_CELLS[1], room)
     plot = Col("free over time")
-    _table(c, title, COLUMNS + (plot,), [row + [sparkline(values, cells)] for row, values in rows])
+    print_table(c, title, COLUMNS + (plot,), [row + [sparkline(values, cells)] for row, values in rows])

@@ -94,7 +94,7 @@ def _colored(c: Any) -> bool:
 
 # --- text that wraps at words ----------------------------------------------------------------
 
-def _say(c: Any, text: str, indent: int = 0, style: Optional[str] = None, first: str = "",
+def say(c: Any, text: str, indent: int = 0, style: Optional[str] = None, first: str = "",
          first_style: Optional[str] = None) -> None:
     """``text`` wrapped at words under ``indent`` columns; ``first`` (e.g. a severity) fills the
     indent of the first line."""
@@ -111,12 +111,12 @@ def _say(c: Any, text: str, indent: int = 0, style: Optional[str] = None, first:
 
 
 def _heading(c: Any, text: str) -> None:
-    _say(c, text, style="bold")
+    say(c, text, style="bold")
 
 
 # --- tables that fit ---------------------------------------------------------------------------
 
-def _table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequence[Sequence[str]],
+def print_table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequence[Sequence[str]],
            row_styles: Optional[Sequence[Optional[str]]] = None) -> None:
     """A table fitted to the console (``reports/fit.py``), its title above and footnotes below."""
     from rich.table import Table
@@ -132,7 +132,7 @@ def _table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequence[
         table.add_row(*row, style=row_styles[i] if row_styles else None)
     c.print(table)
     for marker, text in fitted.notes:
-        _say(c, text, indent=len(marker) + 1, first=marker, style="dim")
+        say(c, text, indent=len(marker) + 1, first=marker, style="dim")
 
 
 # --- bars ---------------------------------------------------------------------------------------
@@ -262,11 +262,11 @@ def _findings(c: Any, findings: Sequence[Finding]) -> None:
 
     c.print(Text("Findings", style="bold underline"))
     for f in shown:
-        _say(c, f.code, indent=INDENT, style="bold", first=f.severity.upper(), first_style=SEVERITY_STYLE[f.severity])
-        _say(c, f.title, indent=INDENT)
-        _say(c, f.detail, indent=INDENT)
+        say(c, f.code, indent=INDENT, style="bold", first=f.severity.upper(), first_style=SEVERITY_STYLE[f.severity])
+        say(c, f.title, indent=INDENT)
+        say(c, f.detail, indent=INDENT)
         if f.evidence:
-            _say(c, "evidence: " + "; ".join(f.evidence), indent=INDENT, style="dim")
+            say(c, "evidence: " + "; ".join(f.evidence), indent=INDENT, style="dim")
 
 
 def _recommendations(c: Any, recs: Sequence[Recommendation], context_len: Optional[int],
@@ -276,14 +276,14 @@ def _recommendations(c: Any, recs: Sequence[Recommendation], context_len: Option
     from rich.text import Text
 
     c.print(Text("Recommendations", style="bold underline"))
-    _say(c, "Best first; gains per rank; requests = more concurrent requests at context_len {} / at {:,} "
+    say(c, "Best first; gains per rank; requests = more concurrent requests at context_len {} / at {:,} "
             "tokens.".format(count(context_len), request_tokens), style="dim")
     for i, r in enumerate(recs, 1):
-        _say(c, "{} {}  [{}]".format(r.flag, r.value, r.basis), indent=3, style="bold green", first="{}.".format(i))
+        say(c, "{} {}  [{}]".format(r.flag, r.value, r.basis), indent=3, style="bold green", first="{}.".format(i))
         gains = gain_text(r)
         if gains:
-            _say(c, gains, indent=3)
-        _say(c, r.rationale, indent=3)
+            say(c, gains, indent=3)
+        say(c, r.rationale, indent=3)
 
 
 def gain_text(r: Recommendation) -> str:
@@ -316,7 +316,7 @@ def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -
 
 def _render_analysis(c: Any, a: Analysis) -> None:
 
-    _say(c, "kvforensics " + a.target, style="bold")
+    say(c, "kvforensics " + a.target, style="bold")
     _verdict(c, a.verdict)
     _evidence_rule(c)
     _render_one(c, a)
@@ -377,14 +377,14 @@ def header(c: Any, a: Analysis) -> None:
     idx = "startup {} of {}".format(a.startup_index, a.startup_count) if a.startup_count \
         else "last startup (earlier ones not counted)"
     facts.append("{} (line {})".format(idx, a.startup_first_line) if a.startup_first_line else idx)
-    _say(c, " · ".join(facts))
+    say(c, " · ".join(facts))
     s = a.summary
     if s.max_total_num_tokens is not None:
-        _say(c, "KV tokens {:,} · max_running_requests {} · context_len {} · free after startup {} GiB ({})".format(
+        say(c, "KV tokens {:,} · max_running_requests {} · context_len {} · free after startup {} GiB ({})".format(
             s.max_total_num_tokens, count(s.max_running_requests), count(s.context_len),
             gib_cell(s.startup_avail_bytes), s.source), indent=2)
     for p in a.problems:
-        _say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
+        say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
 
 
 def ledger_rows(a: Analysis, groups: List[Tuple[str, RankLedger]]) -> List[List[str]]:
@@ -424,7 +424,7 @@ def _ledger_tables(c: Any, a: Analysis, groups: List[Tuple[str, RankLedger]]) ->
         if start == 0:
             columns.append(Col("source ({})".format(groups[0][0]), priority=10, give=NOTES, style="dim"))
         body = [[r[0]] + [r[1 + i] for i in chunk] + ([r[-1]] if start == 0 else []) for r in rows]
-        _table(c, title if start == 0 else None, columns, body)
+        print_table(c, title if start == 0 else None, columns, body)
 
 
 def rank_bars(c: Any, groups: List[Tuple[str, RankLedger]], complete: bool) -> None:
@@ -456,7 +456,7 @@ def _reserve_table(c: Any, a: Analysis) -> None:
     columns = [Col("GiB", "right"), Col("item", priority=20, give=NOTES, min_width=24),
                Col("source", priority=10, give=NOTES, style="dim")]
     title = "Where the {} GiB reserve went (rank with the least free memory)".format(gib_cell(a.budget.reserve_bytes))
-    _table(c, title, columns, [[gib_cell(n), name, src] for name, n, src in rows])
+    print_table(c, title, columns, [[gib_cell(n), name, src] for name, n, src in rows])
 
 
 # --- live inspection --------------------------------------------------------------------------
@@ -469,7 +469,7 @@ def _render_inspection(c: Any, insp: Inspection) -> None:
     from rich.text import Text
 
     snap = insp.snapshot
-    _say(c, "kvforensics {}  ({})".format(insp.target, insp.status), style="bold")
+    say(c, "kvforensics {}  ({})".format(insp.target, insp.status), style="bold")
     _verdict(c, insp.verdict)
     _evidence_rule(c)
     facts = ["taken {}".format(when(snap.taken_at_unix_s))]
@@ -480,9 +480,9 @@ def _render_inspection(c: Any, insp: Inspection) -> None:
     if hm.available_bytes is not None:
         facts.append("host RAM {} GiB available of {} GiB".format(gib_cell(hm.available_bytes),
                                                                   gib_cell(hm.total_bytes)))
-    _say(c, " · ".join(facts))
+    say(c, " · ".join(facts))
     for p in insp.problems:
-        _say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
+        say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
     if insp.gpus:
         groups = gpu_groups(insp.gpus)
         _gpu_table(c, groups)
@@ -521,14 +521,15 @@ def gpu_label(group: Sequence[GpuLedger]) -> str:
 
 
 def _gpu_table(c: Any, groups: List[List[GpuLedger]]) -> None:
-    columns = [Col("GPU", "right"), Col("name", priority=10, give=NOTES), Col("rank", priority=30, give=NOTES),
+    # At 80 columns the driver-reserved figure gives way first, then the GPU's name keeps its first words.
+    columns = [Col("GPU", "right"), Col("name", priority=20, give=NOTES), Col("rank", priority=30, give=NOTES),
                Col("total", "right"), Col("used", "right"), Col("free", "right"), Col("engine", "right"),
-               Col("others", "right"), Col("reserved", "right", priority=20)]
+               Col("others", "right"), Col("reserved", "right", priority=10)]
     rows = []
     for group in groups:
         cells = gpu_cells(group[0])
         rows.append([gpu_label(group), cells[0], fit.rank_label([g.rank for g in group])] + list(cells[1:]))
-    _table(c, "GPUs now (NVML; GiB; identical GPUs share a row)", columns, rows)
+    print_table(c, "GPUs now (NVML; GiB; identical GPUs share a row)", columns, rows)
 
 
 def gpu_bars(c: Any, groups: List[List[GpuLedger]]) -> None:
@@ -597,6 +598,6 @@ def render_fleet(results: Sequence[Any], color: bool = True, width: int = 110) -
     collected = sum(1 for r in results if not isinstance(r, TargetFailure))
     rows = fleet_rows(results)
     styles = [None if row[1] in ("ok", "partial") else "red" for row in rows]
-    _table(c, "kvforensics: {} host(s), {} collected (unused: GiB per GPU beyond the margin)".format(
+    print_table(c, "kvforensics: {} host(s), {} collected (unused: GiB per GPU beyond the margin)".format(
         len(results), collected), FLEET_COLUMNS, rows, styles)
     return text_of(buf)
