@@ -26,6 +26,7 @@ from reports.labels import FREE_GLYPH, ITEM_COLOURS, ITEM_GLYPHS, ITEM_LABELS, L
 
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "yellow", "info": "cyan"}
 BAR_CELLS = 60  # the widest a bar gets; narrower terminals get narrower bars
+FULL_BLOCK = "█"  # every item's cell, with colour
 FREE_CELL = "░"  # free memory (live) or memory the ledger does not account for (log), with colour
 INDENT = 9  # findings' text under "CRITICAL "
 
@@ -154,6 +155,8 @@ def _cells(segments: Sequence[Tuple[str, int, str, str]], total: int, width: int
     by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - cells[i], reverse=True)
     for i in by_remainder[:max(0, target - sum(cells))]:
         cells[i] += 1
+    while sum(cells) > width:  # items that overstate the total (a log's rounding): trim the largest
+        cells[cells.index(max(cells))] -= 1
     return [Segment(label, n, colour, glyph) for (label, _, colour, glyph), n in zip(segments, cells) if n > 0]
 
 
@@ -195,9 +198,6 @@ def _bar_text(label: str, label_width: int, segments: Sequence[Segment], cells: 
                 style="dim" if colored else None)
     line.append(suffix)
     return line
-
-
-FULL_BLOCK = "█"
 
 
 def _legend(c: Any, entries: Sequence[Tuple[str, Optional[str], str]]) -> None:
