@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	@echo ">> kvforensics inspect --from the seed node's evidence bundle (8 x RTX PRO 6000, Kimi-K2.5 TP8 + EAGLE-3)"
+	@echo ">> kvforensics inspect --from examples/seed-node.json (Kimi-K2.5 TP8, 8 GPUs)"
 	@$(BIN)/kvforensics inspect --from examples/seed-node.json; \
 	  rc=$$?; if [ $$rc -eq 1 ]; then echo ">> exit code 1: findings at or above --fail-on warning (expected here)"; exit 0; fi; exit $$rc
 

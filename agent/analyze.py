@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 from agent import rulebook
 from agent.records import Options
 from agent.sglang.analysis import Analysis, build_analysis
+from agent.verdict import verdict
 from collectors.sglang.startups import Startup
 
 
@@ -20,5 +21,6 @@ def analyze_startup(startup: Startup, target: str, opts: Options, index: Optiona
                     fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
     analysis = build_analysis(startup, target, opts, index, count, reader_notes, fallback_args)
     ctx = rulebook.Context.offline(analysis)
-    return replace(analysis, findings=tuple(rulebook.findings(ctx)),
-                   recommendations=tuple(rulebook.recommendations(ctx)))
+    findings, recommendations = rulebook.findings(ctx), rulebook.recommendations(ctx)
+    return replace(analysis, findings=tuple(findings), recommendations=tuple(recommendations),
+                   verdict=verdict(analysis, False, findings, recommendations))

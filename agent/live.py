@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any, Dict, Optional, Tuple, Union
 
 from agent.evidence import Engine, HostMemory, Snapshot
-from agent.records import Finding, Options, Problem, Recommendation
+from agent.records import Finding, Options, Problem, Recommendation, Verdict
 
 
 class Owner(str, Enum):
@@ -100,6 +100,7 @@ class Inspection:
     engine_args: Optional[Dict[str, Any]] = None  # its flags from the command line (secrets redacted)
     history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
     other_engines: Tuple[Engine, ...] = ()  # the node's other servers
+    verdict: Optional[Verdict] = None  # the answer first, from the findings and recommendations
 
     @property
     def engine_gpus(self) -> Tuple[GpuLedger, ...]:

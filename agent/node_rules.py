@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 from agent.live import GpuLedger, Inspection, Owner
-from agent.records import Finding
+from agent.records import Finding, KvChange
 from collectors.units import gib
 
 if TYPE_CHECKING:
@@ -24,6 +24,22 @@ if TYPE_CHECKING:
 UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
 IMBALANCE_WARN_BYTES = 512 << 20  # free-memory spread across ranks worth reporting
 HOST_RESERVE_BYTES = 10 << 30  # SGLang keeps 10 GiB of host RAM free for HiCache (research §5)
+# A change is worth a restart only if it adds at least this share of the KV pool's tokens
+# (a raise into unused memory, fewer CUDA graphs, a HiCache tier) ...
+MIN_GAIN_POOL_SHARE = 0.05
+# ... and a HiCache tier at least this much host RAM per rank (decimal GB, as --hicache-size reads it).
+MIN_HICACHE_GB = 4
+# "Measured" means the lowest free memory under real load: a recorded history of the engine run
+# spanning at least this long, with at least this many samples. Anything less is one look.
+MEASURED_MIN_SPAN_S = 600
+MEASURED_MIN_SAMPLES = 3
+
+
+def worth_it(gain_tokens: Optional[int], pool_tokens: Optional[int]) -> bool:
+    """A token gain worth a restart: ≥ MIN_GAIN_POOL_SHARE of the pool (any gain when the pool is unknown)."""
+    if gain_tokens is None or gain_tokens <= 0:
+        return False
+    return pool_tokens is None or gain_tokens >= MIN_GAIN_POOL_SHARE * pool_tokens
 
 
 # --- the figures rules and exporters share -------------------------------------------------
@@ -36,7 +52,7 @@ class Headroom:
     how: str  # a sentence for the finding's detail
     evidence: str
     gpu: Optional[GpuLedger] = None  # live only
-    measured: bool = False  # over a recorded history (≥ 2 samples), not one look
+    measured: bool = False  # over a recorded history long enough to count (MEASURED_MIN_*), not one look
 
     def spare(self, margin_bytes: int) -> int:
         return self.free_bytes - margin_bytes
@@ -47,12 +63,20 @@ def _span(seconds: float) -> str:
         return "{:.0f} days".format(seconds / 86400)
     if seconds >= 2 * 3600:
         return "{:.0f} hours".format(seconds / 3600)
-    return "{:.0f} minutes".format(seconds / 60)
+    if seconds >= 120:
+        return "{:.0f} minutes".format(seconds / 60)
+    return "{:.0f} seconds".format(seconds)
+
+
+def is_measured(history: Optional[object]) -> bool:
+    """Whether a recorded engine run is long enough to call its low-water mark a measurement."""
+    return history is not None and history.samples >= MEASURED_MIN_SAMPLES \
+        and history.span_s >= MEASURED_MIN_SPAN_S  # type: ignore[attr-defined]
 
 
 def lowest_free(insp: Inspection) -> Optional[Headroom]:
     """The engine's least free GPU: the run's low-water mark when recorded history holds at
-    least two samples, else NVML now."""
+    least two samples (a measurement only when it spans MEASURED_MIN_*), else NVML now."""
     gpus = [g for g in insp.engine_gpus if g.free_bytes is not None]
     if not gpus or any(g.status == "lost" for g in insp.gpus):
         return None  # a lost GPU: the engine is down or degraded, nothing is "unused"
@@ -68,10 +92,16 @@ def lowest_free(insp: Inspection) -> Optional[Headroom]:
             value, gpu = min(marks, key=lambda m: m[0])
             if now.free_bytes < value:
                 value, gpu = now.free_bytes, now
-            return Headroom(value, "measured over {}, {:,} samples: lowest free {} on GPU {}".format(
-                _span(h.span_s), h.samples, gib(value), gpu.index),
-                "nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(gpu.index), gpu, True)
-    return Headroom(now.free_bytes, "NVML now: {} free on GPU {}".format(gib(now.free_bytes), now.index),
+            lowest = "lowest free {} on GPU {}".format(gib(value), gpu.index)
+            if is_measured(h):
+                how = "measured over {}, {:,} samples: {}".format(_span(h.span_s), h.samples, lowest)
+            else:  # the low-water mark is still the safest figure to size from, but not a measurement
+                how = ("one look: {:,} samples over {} recorded (a measurement needs {:.0f} minutes and {} "
+                       "samples): {}").format(h.samples, _span(h.span_s), MEASURED_MIN_SPAN_S / 60,
+                                              MEASURED_MIN_SAMPLES, lowest)
+            return Headroom(value, how, "nvmlDeviceGetMemoryInfo_v2(GPU {}).free".format(gpu.index), gpu,
+                            is_measured(h))
+    return Headroom(now.free_bytes, "one look (NVML now): {} free on GPU {}".format(gib(now.free_bytes), now.index),
                     evidence, now)
 
 
@@ -93,6 +123,32 @@ def unused_bytes(ctx: "Context") -> Optional[int]:
     return None if h is None else max(0, h.spare(ctx.options.margin_bytes))
 
 
+@dataclass(frozen=True)
+class Spare:
+    """The headroom beyond the margin and the engine's flag change that would use it: the one
+    computation the unused_gpu_memory finding quotes and the raise (or lower) recommends."""
+
+    headroom: Headroom
+    spare_bytes: int  # beyond the margin; negative: short of it
+    change: Optional[KvChange]  # None when the engine's budget inputs are unknown
+    worth_it: bool  # spare ≥ UNUSED_WARN_BYTES and the raise adds ≥ MIN_GAIN_POOL_SHARE of the pool
+
+
+def spare_memory(ctx: "Context") -> Optional[Spare]:
+    """None without a headroom, or offline when the startup failed (nothing was left over)."""
+    a = ctx.analysis
+    if ctx.live is None and (a is None or a.failed is not None):
+        return None
+    h = headroom(ctx)
+    if h is None:
+        return None
+    spare = h.spare(ctx.options.margin_bytes)
+    change = a.kv_change(spare) if a is not None and a.failed is None and spare != 0 else None
+    pool = a.summary.max_total_num_tokens if a is not None else None
+    worth = spare >= UNUSED_WARN_BYTES and (change is None or worth_it(change.gain_tokens, pool))
+    return Spare(h, spare, change, worth)
+
+
 def _cell(ctx: "Context") -> Optional[int]:
     return ctx.analysis.budget.cell_bytes if ctx.analysis is not None else None
 
@@ -105,7 +161,8 @@ def nvml_unavailable(ctx: "Context") -> Iterator[Finding]:
         msg = "; ".join(p.message for p in nv.problems) or "NVML unavailable"
         yield Finding("nvml_unavailable", "warning", "No GPU information: " + msg,
                       "Without NVML kvforensics cannot see GPU memory; host memory and engine processes are "
-                      "still reported.", None, ("nvml",))
+                      "still reported.", None, ("nvml",), proof=msg,
+                      action="check the NVIDIA driver with nvidia-smi, or pass --nvml-lib PATH")
 
 
 def gpu_lost(ctx: "Context") -> Iterator[Finding]:
@@ -114,7 +171,9 @@ def gpu_lost(ctx: "Context") -> Iterator[Finding]:
             yield Finding("gpu_lost", "critical", "GPU {} is lost".format(g.index),
                           "NVML answers GPU_IS_LOST: the GPU fell off the bus or hit a fatal error. It needs a "
                           "reset (nvidia-smi -r) or a reboot; any engine rank on it is dead.", None,
-                          ("nvmlDeviceGetHandleByIndex({})".format(g.index),))
+                          ("nvmlDeviceGetHandleByIndex({})".format(g.index),),
+                          proof="NVML answers GPU_IS_LOST for GPU {}".format(g.index),
+                          action="reset GPU {} (nvidia-smi -r -i {}) or reboot the node".format(g.index, g.index))
 
 
 def engine_not_found(ctx: "Context") -> Iterator[Finding]:
@@ -132,43 +191,51 @@ def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
     why = "; ".join(p.message for p in log.problems) or "no startup lines"
     yield Finding("engine_log_missing", "warning", "The engine's startup log could not be read",
                   why + ". Live GPU numbers are shown, but not what the engine allocated; pass "
-                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.source or "engine_log",))
+                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.source or "engine_log",), proof=why,
+                  action="pass --log PATH|journal:UNIT|docker:NAME")
 
 
 # --- the questions logs and live nodes share -----------------------------------------------
 
 def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
-    """Unused memory beyond the margin (warning), or less free than the margin (low_headroom)."""
-    if ctx.live is None and (ctx.analysis is None or ctx.analysis.failed is not None):
+    """Unused memory beyond the margin worth a flag change (warning), or less free than the margin
+    (low_headroom). The tokens it quotes are the raise's own (``spare_memory``), not a second estimate."""
+    found = spare_memory(ctx)
+    if found is None:
         return
-    h = headroom(ctx)
-    if h is None:
-        return
-    margin = ctx.options.margin_bytes
-    spare = h.spare(margin)
-    if spare < UNUSED_WARN_BYTES:
+    h, margin = found.headroom, ctx.options.margin_bytes
+    if not found.worth_it:
         if h.free_bytes < margin:
             yield _low_headroom(ctx, h, margin)
         return
-    cell = _cell(ctx)
+    spare = found.spare_bytes
+    gain = _quoted_gain(ctx, found)
     if ctx.live is not None:
-        n = len(ctx.live.engine_gpus)
-        tokens = " ≈ {:,} more KV tokens per rank".format(spare // cell) if cell else ""
         low = h.gpu
         assert low is not None
-        yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(gib(spare),
-                                                                                                           n),
+        yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(
+                          gib(spare), len(ctx.live.engine_gpus)),
                       "{} ({} {}). SGLang sizes every rank alike, so the least free GPU is what can be given to the "
                       "KV pool. Minus the {} margin: {}{}.".format(h.how, low.rank, low.name or "", gib(margin),
-                                                                   gib(spare), tokens),
+                                                                   gib(spare), gain),
                       spare, (h.evidence,))
         return
-    tokens = " ≈ {:,} more KV tokens".format(spare // cell) if cell else ""
     yield Finding("unused_gpu_memory", "warning",
                   "{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
                   "{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
-                  "the KV pool could use{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), tokens),
+                  "the KV pool could use{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), gain),
                   spare, (h.evidence,))
+
+
+def _quoted_gain(ctx: "Context", found: Spare) -> str:
+    """The recommendation's own figures when the engine can size the change, else bytes ÷ bytes per token."""
+    c = found.change
+    per_rank = " per rank" if ctx.live is not None else ""
+    if c is not None and c.gain_bytes > 0:
+        return "; {} {} puts {} of it into the KV pool: +{:,} KV tokens{} (recommended below)".format(
+            c.flag, c.value, gib(c.gain_bytes), c.gain_tokens, per_rank)
+    cell = _cell(ctx)
+    return " ≈ {:,} more KV tokens{}".format(found.spare_bytes // cell, per_rank) if cell else ""
 
 
 def _low_headroom(ctx: "Context", h: Headroom, margin: int) -> Finding:
@@ -334,7 +401,10 @@ def orphaned_gpu_memory(ctx: "Context") -> Iterator[Finding]:
                               "(find holders with `lsof /dev/nvidia*`), or a process in another PID namespace "
                               "when kvforensics runs inside a container.", p.used_bytes,
                               ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index),
-                               "/proc/{}".format(p.pid)))
+                               "/proc/{}".format(p.pid)),
+                              proof="NVML charges {} on GPU {} to PID {}; /proc/{} does not exist".format(
+                                  gib(p.used_bytes), g.index, p.pid, p.pid),
+                              action="find the holder with `lsof /dev/nvidia*` and end it (or reboot)")
 
 
 def other_pid_namespace(ctx: "Context") -> Iterator[Finding]:
@@ -363,7 +433,8 @@ class HostOffload:
 
 
 def host_offload(insp: Inspection) -> Optional[HostOffload]:
-    """HiCache sizing from measured host RAM: (available − 10 GiB) // ranks on this host (SGLang 0.5.19+)."""
+    """HiCache sizing from host RAM now: (available − 10 GiB) // ranks on this host (SGLang 0.5.19+);
+    None below MIN_HICACHE_GB per rank or MIN_GAIN_POOL_SHARE of the GPU pool (not worth enabling)."""
     a = insp.analysis
     avail = insp.host_memory.available_bytes
     if a is None or avail is None or a.failed is not None or not a.budget.cell_bytes:
@@ -371,9 +442,11 @@ def host_offload(insp: Inspection) -> Optional[HostOffload]:
     ranks = max(1, len(insp.engine_gpus) or len(a.ranks))
     per_rank = (avail - HOST_RESERVE_BYTES) // ranks
     size_gb = int(per_rank // 10**9)
-    if size_gb < 1 or a.summary.max_total_num_tokens is None:
+    pool = a.summary.max_total_num_tokens
+    tokens = size_gb * 10**9 // a.budget.cell_bytes
+    if size_gb < MIN_HICACHE_GB or pool is None or not worth_it(tokens, pool):
         return None
-    return HostOffload(ranks, per_rank, size_gb, size_gb * 10**9 // a.budget.cell_bytes)
+    return HostOffload(ranks, per_rank, size_gb, tokens)
 
 
 def host_ram_offload(ctx: "Context") -> Iterator[Finding]:

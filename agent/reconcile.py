@@ -20,6 +20,7 @@ from agent.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, 
 from agent.records import Options, Problem
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger
+from agent.verdict import verdict
 from collectors.sglang.startups import segment_lines
 
 
@@ -157,4 +158,6 @@ def inspect_snapshot(snap: Union[Dict[str, Any], Snapshot], target: str, opts: O
     typed = snap if isinstance(snap, Snapshot) else evidence.parse(snap)
     insp = reconcile(typed, target, opts, history)
     ctx = rulebook.Context.on_node(insp)
-    return replace(insp, findings=tuple(rulebook.findings(ctx)), recommendations=tuple(rulebook.recommendations(ctx)))
+    findings, recommendations = rulebook.findings(ctx), rulebook.recommendations(ctx)
+    return replace(insp, findings=tuple(findings), recommendations=tuple(recommendations),
+                   verdict=verdict(insp.analysis, True, findings, recommendations))

@@ -33,6 +33,10 @@ class Finding:
     detail: str
     bytes: Optional[int] = None
     evidence: Tuple[str, ...] = ()
+    # For the report's verdict, when this finding is the answer: the figures that prove it in one
+    # line, and what to do first when that comes before any flag change (a lost GPU, a fragment).
+    proof: str = ""
+    action: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,32 @@ class Recommendation:
     basis: str  # "measured" | "estimated"
     rationale: str
     gain_requests: Dict[str, Optional[int]] = field(default_factory=dict)  # "at_context_len", "at_request_tokens"
+
+
+@dataclass(frozen=True)
+class KvChange:
+    """An engine flag change that moves the KV pool by at most the bytes asked for, after the
+    engine's own rounding of the flag: what the unused-memory finding quotes and the
+    recommendation proposes, so both say the same GiB and the same tokens."""
+
+    flag: str
+    value: str
+    gain_bytes: int  # per rank; negative: memory given back
+    gain_tokens: int  # per rank
+    rounding: str  # why gain_bytes differs from the bytes asked for (one sentence, said once)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer first: the question the report answers, the one-sentence cause, the figures
+    that prove it, and the single best action with its gain (``agent/verdict.py``)."""
+
+    question: str
+    cause: str
+    proof: str
+    action: str
+    cause_finding: Optional[str] = None  # the finding's code the cause is
+    action_recommendation: Optional[int] = None  # 0-based index in the recommendations, when one is the action
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ GB = 10**9  # decimal GB: SGLang's HiCache host sizes, --hicache-size
 
 
 def gib(n: Optional[float]) -> str:
-    """'12.34 GiB', or '?' for an unknown figure."""
-    return "?" if n is None else "{:.2f} GiB".format(n / GIB)
+    """'12.34 GiB', or '—' for an unknown figure (as everywhere on screen; never 0)."""
+    return "—" if n is None else "{:.2f} GiB".format(n / GIB)
 
 
 def gib_number(n: Optional[float]) -> str:

@@ -1,13 +1,22 @@
-"""Render recorded history: low-water free memory per GPU and rank, peak KV usage, sparklines."""
+"""Render recorded history: low-water free memory per GPU and rank, peak KV usage, sparklines.
+
+GPUs whose rows are identical share one row ("0–7 ×8"); the table fits any width from 80
+columns up, the sparkline taking what the other columns leave (``reports/fit.py``).
+"""
 
 from __future__ import annotations
 
 import datetime
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from agent.node_rules import MEASURED_MIN_SAMPLES, MEASURED_MIN_SPAN_S, is_measured
+from reports import fit
+from reports.fit import Col
 
 GIB = 1 << 30
 BLOCKS = "▁▂▃▄▅▆▇█"
 SCHEMA = "kvforensics.history/1"
+SPARK_CELLS = (14, 40)  # the narrowest sparkline worth showing, and the widest
 
 
 def sparkline(values: Sequence[Optional[int]], width: int = 40) -> str:
@@ -35,8 +44,12 @@ def sparkline(values: Sequence[Optional[int]], width: int = 40) -> str:
 
 def _when(ts: Optional[float]) -> str:
     if ts is None:
-        return "?"
+        return "—"
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _gib(n: Optional[int]) -> str:
+    return "—" if n is None else "{:.2f}".format(n / GIB)
 
 
 def to_json(path: str, since: str, runs: Sequence[Any]) -> Dict[str, Any]:
@@ -52,32 +65,64 @@ def to_json(path: str, since: str, runs: Sequence[Any]) -> Dict[str, Any]:
 
 def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Optional[int]]], color: bool = True,
            width: int = 110) -> str:
-    from rich.table import Table
-
-    from reports.terminal import console, text_of
+    from reports.terminal import console, say, text_of
 
     buf, c = console(color, width)
-    c.print("kvforensics history · {} · last {} · {} engine run(s)".format(path, since, len(runs)))
+    say(c, "kvforensics history · {} · last {} · {} engine run(s)".format(path, since, len(runs)))
     if not runs:
-        c.print("  no samples in this window (kvforensics record adds them)")
+        say(c, "no samples in this window (kvforensics record adds them)", indent=2)
     for r in runs:
-        c.print("\nrun {} · {} · {} · {} → {} · {:,} samples".format(
-            r.run_key, r.engine or "no engine", r.model or "", _when(r.first_seen), _when(r.last_seen), r.samples))
+        c.print()
+        say(c, "run {} · {} · {} · {} → {} · {:,} samples".format(
+            r.run_key, r.engine or "no engine", r.model or "—", _when(r.first_seen), _when(r.last_seen), r.samples))
+        say(c, _basis(r), indent=2)
         if r.kv_tokens:
-            peak = ("peak {:,} tokens in use ({:.0%})".format(r.peak_used_tokens, r.peak_token_usage or 0)
+            usage = "—" if r.peak_token_usage is None else "{:.0%}".format(r.peak_token_usage)
+            peak = ("peak {:,} tokens in use ({})".format(r.peak_used_tokens, usage)
                     if r.peak_used_tokens is not None else "no /metrics samples")
-            c.print("  KV pool {:,} tokens; {}".format(r.kv_tokens, peak))
-        table = Table(show_edge=False, pad_edge=False)
-        for col, just in (("GPU", "right"), ("rank", "left"), ("samples", "right"), ("lowest free GiB", "right"),
-                          ("when", "left"), ("highest", "right"), ("now", "right"), ("free over time (low-water)",
-                                                                                     "left")):
-            table.add_column(col, justify=just)  # type: ignore[arg-type]
-        for g in r.gpus:
-            table.add_row(str(g.gpu), g.rank or "—", "{:,}".format(g.samples),
-                          "—" if g.min_free_bytes is None else "{:.2f}".format(g.min_free_bytes / GIB),
-                          _when(g.min_free_at),
-                          "—" if g.max_free_bytes is None else "{:.2f}".format(g.max_free_bytes / GIB),
-                          "—" if g.last_free_bytes is None else "{:.2f}".format(g.last_free_bytes / GIB),
-                          sparkline(plots.get(g.gpu, [])))
-        c.print(table)
+            say(c, "KV pool {:,} tokens; {}".format(r.kv_tokens, peak), indent=2)
+        _low_water_table(c, r, plots)
     return text_of(buf)
+
+
+def _basis(r: Any) -> str:
+    """Whether this run's low-water marks count as measured (the rule the recommendations follow)."""
+    if is_measured(r):
+        return "a measurement: the low-water marks size recommendations as 'measured'"
+    return ("one look: a measurement needs {:.0f} minutes and {} samples, so recommendations from it stay "
+            "'estimated'").format(MEASURED_MIN_SPAN_S / 60, MEASURED_MIN_SAMPLES)
+
+
+COLUMNS = (Col("GPU", "right"), Col("rank", priority=30, give=fit.NOTES), Col("samples", "right"),
+           Col("lowest", "right"), Col("when lowest", priority=15), Col("highest", "right", priority=10),
+           Col("now", "right"))
+
+
+def _rows(r: Any, plots: Dict[int, List[Optional[int]]]) -> List[Tuple[List[str], List[Optional[int]]]]:
+    """One row per group of GPUs whose figures and plots are identical: (cells, the plot's values)."""
+    keys = [("{:,}".format(g.samples), _gib(g.min_free_bytes), _when(g.min_free_at), _gib(g.max_free_bytes),
+             _gib(g.last_free_bytes), tuple(plots.get(g.gpu, []))) for g in r.gpus]
+    out = []
+    for members in fit.collapse_rows(keys, list(range(len(r.gpus)))):
+        gpus = [r.gpus[i] for i in members]
+        key = keys[members[0]]
+        out.append(([fit.group_label([g.gpu for g in gpus]), fit.rank_label([g.rank for g in gpus])] + list(key[:5]),
+                    list(key[5])))
+    return out
+
+
+def _low_water_table(c: Any, r: Any, plots: Dict[int, List[Optional[int]]]) -> None:
+    from reports.terminal import print_table
+
+    rows = _rows(r, plots)
+    title = "Free GiB per GPU (lowest = the low-water mark; identical GPUs share a row)"
+    width = int(c.width)
+    # the table without its plot, then the plot in what is left (none when under SPARK_CELLS[0])
+    room = width - fit.table_width(fit.fit_table(COLUMNS, [cells for cells, _ in rows], width - SPARK_CELLS[0]
+                                                 - fit.SEPARATOR)) - fit.SEPARATOR
+    if room < SPARK_CELLS[0]:
+        print_table(c, title, COLUMNS, [cells for cells, _ in rows])
+        return
+    cells = min(SPARK_CELLS[1], room)
+    plot = Col("free over time")
+    print_table(c, title, COLUMNS + (plot,), [row + [sparkline(values, cells)] for row, values in rows])

@@ -11,7 +11,7 @@ import math
 from typing import Any, Dict, Iterable, List, Optional
 
 from agent.live import GpuLedger, Inspection, TargetFailure
-from agent.records import Finding, Recommendation
+from agent.records import Finding, Recommendation, Verdict
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, RunnerLedger
 from collectors.redact import redact_mapping
@@ -54,6 +54,14 @@ def rank_dict(r: RankLedger) -> Dict[str, Any]:
     d["sources"] = {**d["sources"], **r.sources}
     d["draft"] = runner_dict(r.draft, None) if r.draft is not None else None
     return d
+
+
+def verdict_dict(v: Optional[Verdict]) -> Optional[Dict[str, Any]]:
+    """The answer first (an additive field of kvforensics.report/1): question, cause, proof, action."""
+    if v is None:
+        return None
+    return {"question": v.question, "cause": v.cause, "cause_finding": v.cause_finding, "proof": v.proof,
+            "action": v.action, "action_recommendation": v.action_recommendation}
 
 
 def target_dict(a: Analysis) -> Dict[str, Any]:
@@ -104,6 +112,7 @@ def target_dict(a: Analysis) -> Dict[str, Any]:
         },
         "findings": [finding_dict(f) for f in a.findings],
         "recommendations": [recommendation_dict(r) for r in a.recommendations],
+        "verdict": verdict_dict(a.verdict),
     }
 
 
@@ -139,8 +148,9 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
                                                "swap_free_bytes", "cgroup_limit_bytes")}
     d["findings"] = [finding_dict(f) for f in insp.findings]
     d["recommendations"] = [recommendation_dict(r) for r in insp.recommendations]
+    d["verdict"] = verdict_dict(insp.verdict)
     order = ["target", "status", "host", "problems", "engine", "startup", "gpus", "host_memory", "findings",
-             "recommendations"]
+             "recommendations", "verdict"]
     return {k: d.get(k) for k in order}
 
 
@@ -166,7 +176,7 @@ def render_results(results: List[Any]) -> str:
 def error_target(target: str, status: str, code: str, message: str) -> Dict[str, Any]:
     """A target that produced no analysis (unreadable input, unreachable host)."""
     return {"target": target, "status": status, "problems": [{"code": code, "message": message}],
-            "engine": None, "startup": None, "findings": [], "recommendations": []}
+            "engine": None, "startup": None, "findings": [], "recommendations": [], "verdict": None}
 
 
 def document(targets: Iterable[Dict[str, Any]]) -> Dict[str, Any]:

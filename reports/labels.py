@@ -37,3 +37,23 @@ ITEM_COLOURS: Dict[ItemKind, Optional[str]] = {
     ItemKind.NO_PROCESS: "yellow", ItemKind.RESERVED: "grey37", ItemKind.FREE: None,
 }
 assert set(ITEM_LABELS) == set(ItemKind) == set(ITEM_COLOURS), "every ledger item needs a label and a colour"
+
+# Bar glyphs without colour (NO_COLOR, --no-color, pasted into a ticket): one letter per item, so
+# a pasted bar still says what is where; free memory is '.'. With colour every item is '█'.
+FREE_GLYPH = "."
+ITEM_GLYPHS: Dict[ItemKind, str] = {
+    ItemKind.WEIGHTS: "W", ItemKind.KV_POOL: "K", ItemKind.MAMBA: "M", ItemKind.GRAPHS: "G",
+    ItemKind.WORKSPACES: "A", ItemKind.DRAFT: "D", ItemKind.ENGINE_UNLOGGED: "e", ItemKind.ENGINE_PROCESS: "E",
+    ItemKind.OTHER_ENGINES: "O", ItemKind.FOREIGN: "F", ItemKind.ORPHANED: "X", ItemKind.OTHER_NAMESPACE: "P",
+    ItemKind.NO_PROCESS: "N",
+    ItemKind.RESERVED: "R", ItemKind.FREE: FREE_GLYPH,
+}
+assert set(ITEM_GLYPHS) == set(ItemKind) and len(set(ITEM_GLYPHS.values())) == len(ItemKind), "one glyph per item"
+
+# The startup ledger's items (reports/terminal.py LEDGER_ROWS), by their label.
+LEDGER_GLYPHS: Dict[str, str] = {
+    "weights": "W", "KV pool": "K", "Mamba state": "M", "req_to_token table (computed)": "T",
+    "attention workspaces": "A", "CUDA graphs": "G", "draft weights": "d", "draft KV pool": "k",
+    "draft CUDA graphs": "g", "unexplained": "u", "free after startup": FREE_GLYPH,
+}
+assert len(set(LEDGER_GLYPHS.values())) == len(LEDGER_GLYPHS), "one glyph per ledger item"

@@ -1,23 +1,34 @@
-"""The terminal report (rich): header, per-rank ledger, a bar per GPU, findings, recommendations.
+"""The terminal report (rich): the verdict first, then the evidence — header, per-rank ledger, a bar
+per group of identical GPUs or ranks, the reserve, findings, recommendations.
 
 GiB appear only here, labelled; the records underneath are bytes. Ranks whose ledgers are
-identical are shown as one column ("TP0–TP7").
+identical are one column ("TP1–TP7"); identical GPUs one row ("0–7 ×8"). Every width from 80
+columns up fits without breaking a word: tables give way by column priority and move long
+names, sources and formulas to numbered footnotes (``reports/fit.py``). Without colour each
+ledger item's bar cells are its own letter, with a legend, so a pasted bar still reads.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.live import GpuLedger, Inspection, Owner, TargetFailure
-from agent.records import Finding, Recommendation, severity_rank
+from agent.records import Finding, Recommendation, Verdict, severity_rank
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, RunnerLedger
 from agent.sglang.rules import reserve_breakdown
 from collectors.units import GIB
-from reports.labels import ITEM_COLOURS, ITEM_LABELS
+from reports import fit
+from reports.fit import NOTES, Col
+from reports.labels import FREE_GLYPH, ITEM_COLOURS, ITEM_GLYPHS, ITEM_LABELS, LEDGER_GLYPHS
 
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "yellow", "info": "cyan"}
+BAR_CELLS = 60  # the widest a bar gets; narrower terminals get narrower bars
+FULL_BLOCK = "█"  # every item's cell, with colour
+FREE_CELL = "░"  # free memory (live) or memory the ledger does not account for (log), with colour
+INDENT = 9  # findings' text under "CRITICAL "
 
 # (label, getter, source key, colour for the bar or None)
 Row = Tuple[str, Callable[[RankLedger], Optional[int]], str, Optional[str]]
@@ -62,19 +73,266 @@ def text_of(buf: io.StringIO) -> str:
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-def _cells(segments: Sequence[Tuple[str, int, str]], total: int, width: int) -> List[Tuple[str, int, str]]:
-    """(label, bytes, colour) -> (label, cells, colour) across ``width`` cells for ``total`` bytes."""
-    out, used = [], 0
-    for label, value, colour in segments:
-        cells = min(int(round(value / total * width)), width - used)
-        if cells > 0:
-            out.append((label, cells, colour))
-            used += cells
-    return out
-
-
-def _gib(n: Optional[int]) -> str:
+def gib_cell(n: Optional[int]) -> str:
     return "—" if n is None else "{:.2f}".format(n / GIB)
+
+
+def count(n: Optional[int]) -> str:
+    return "—" if n is None else "{:,}".format(n)
+
+
+def _plus(n: Optional[int]) -> str:
+    return "—" if n is None else "{:+,}".format(n)
+
+
+def _width(c: Any) -> int:
+    return int(c.width)
+
+
+def _colored(c: Any) -> bool:
+    return not c.no_color
+
+
+# --- text that wraps at words ----------------------------------------------------------------
+
+def say(c: Any, text: str, indent: int = 0, style: Optional[str] = None, first: str = "",
+         first_style: Optional[str] = None) -> None:
+    """``text`` wrapped at words under ``indent`` columns; ``first`` (e.g. a severity) fills the
+    indent of the first line."""
+    from rich.text import Text
+
+    lines = fit.wrap(text, max(20, _width(c) - indent)) or [""]
+    for i, line in enumerate(lines):
+        t = Text()
+        lead = first if i == 0 else ""
+        t.append(lead, style=first_style)
+        t.append(" " * (indent - fit.cell_len(lead)))
+        t.append(line, style=style)
+        c.print(t, no_wrap=True, overflow="ignore", crop=False)
+
+
+def _heading(c: Any, text: str) -> None:
+    say(c, text, style="bold")
+
+
+# --- tables that fit ---------------------------------------------------------------------------
+
+def print_table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequence[Sequence[str]],
+           row_styles: Optional[Sequence[Optional[str]]] = None) -> None:
+    """A table fitted to the console (``reports/fit.py``), its title above and footnotes below."""
+    from rich.table import Table
+
+    fitted = fit.fit_table(columns, rows, _width(c))
+    if title:
+        _heading(c, title)
+    table = Table(show_edge=False, pad_edge=False, expand=False)
+    for col, w in zip(fitted.columns, fitted.widths):
+        table.add_column(col.header, justify=col.justify, width=w, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
+                         style=col.style)
+    for i, row in enumerate(fitted.rows):
+        table.add_row(*row, style=row_styles[i] if row_styles else None)
+    c.print(table)
+    for marker, text in fitted.notes:
+        say(c, text, indent=len(marker) + 1, first=marker, style="dim")
+
+
+# --- bars ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Segment:
+    label: str
+    cells: int
+    colour: str
+    glyph: str
+
+
+def _cells(segments: Sequence[Tuple[str, int, str, str]], total: int, width: int) -> List[Segment]:
+    """(label, bytes, colour, glyph) -> segments across ``width`` cells for ``total`` bytes, by
+    largest remainder, so items that sum to the total fill the bar exactly."""
+    exact = [max(0, value) / total * width for _, value, _, _ in segments]
+    target = min(width, int(round(sum(exact))))
+    cells = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in by_remainder[:max(0, target - sum(cells))]:
+        cells[i] += 1
+    while sum(cells) > width:  # items that overstate the total (a log's rounding): trim the largest
+        cells[cells.index(max(cells))] -= 1
+    return [Segment(label, n, colour, glyph) for (label, _, colour, glyph), n in zip(segments, cells) if n > 0]
+
+
+def bar(r: RankLedger, width: int = BAR_CELLS) -> List[Segment]:
+    """Segments across the memory that was free before loading."""
+    total = r.target.pre_load_avail_bytes or 0
+    if total <= 0:
+        return []
+    segments = []
+    for label, get, _, colour in LEDGER_ROWS:
+        value = get(r)
+        if colour is None or not value or value <= 0:
+            continue
+        segments.append((label, value, colour, LEDGER_GLYPHS[label]))
+    return _cells(segments, total, width)
+
+
+def gpu_bar(g: GpuLedger, width: int = BAR_CELLS) -> List[Segment]:
+    """Segments across the GPU's total memory, from NVML now; free is left blank."""
+    if not g.total_bytes:
+        return []
+    segments = [(ITEM_LABELS[item.kind], item.bytes, colour, ITEM_GLYPHS[item.kind]) for item in g.items
+                for colour in (ITEM_COLOURS[item.kind],) if colour and item.bytes and item.bytes > 0]
+    return _cells(segments, g.total_bytes, width)
+
+
+def _bar_width(c: Any, label_width: int, suffix_width: int) -> int:
+    return max(10, min(BAR_CELLS, _width(c) - 2 - label_width - 1 - suffix_width))
+
+
+def _bar_text(label: str, label_width: int, segments: Sequence[Segment], cells: int, suffix: str,
+              colored: bool, blank: str) -> Any:
+    from rich.text import Text
+
+    line = Text("  " + label.rjust(label_width) + " ")
+    for s in segments:
+        line.append((FULL_BLOCK if colored else s.glyph) * s.cells, style=s.colour if colored else None)
+    line.append((FREE_CELL if colored else blank) * (cells - sum(s.cells for s in segments)),
+                style="dim" if colored else None)
+    line.append(suffix)
+    return line
+
+
+def _legend(c: Any, entries: Sequence[Tuple[str, Optional[str], str]]) -> None:
+    """'█ weights  █ KV pool …' with colour, 'W weights  K KV pool …' without; an entry is never split."""
+    from rich.text import Text
+
+    colored = _colored(c)
+    width = _width(c)
+    line, used = Text("  "), 2
+    for glyph, colour, label in entries:
+        mark = FULL_BLOCK if colored and colour else glyph
+        size = fit.cell_len(mark) + 1 + fit.cell_len(label)
+        if used > 2 and used + 2 + size > width:
+            c.print(line, no_wrap=True, overflow="ignore", crop=False)
+            line, used = Text("  "), 2
+        if used > 2:
+            line.append("  ")
+            used += 2
+        line.append(mark, style=(colour or "dim") if colored else None)
+        line.append(" " + label)
+        used += size
+    c.print(line, no_wrap=True, overflow="ignore", crop=False)
+
+
+# --- the verdict --------------------------------------------------------------------------------
+
+VERDICT_LABEL = 10  # "  action  "
+
+
+def _verdict(c: Any, v: Optional[Verdict]) -> None:
+    """At most 8 lines at any width: the question (≤ 2), cause, proof and action (≤ 2 each); longer
+    texts end in '…' — the whole of each is in the findings and recommendations below."""
+    from rich.text import Text
+
+    if v is None:
+        return
+    width = _width(c)
+    for line in fit.clip(v.question, width, 2):
+        c.print(Text(line, style="bold"), no_wrap=True, overflow="ignore", crop=False)
+    for label, text, style in (("cause", v.cause, None), ("proof", v.proof, None),
+                               ("action", v.action, "bold green")):
+        if not text:
+            continue
+        for i, line in enumerate(fit.clip(text, width - VERDICT_LABEL, 2)):
+            t = Text("  ")
+            t.append((label if i == 0 else "").ljust(VERDICT_LABEL - 2), style="bold")
+            t.append(line, style=style)
+            c.print(t, no_wrap=True, overflow="ignore", crop=False)
+
+
+def _evidence_rule(c: Any) -> None:
+    c.rule("evidence", style="dim")
+
+
+# --- findings and recommendations -------------------------------------------------------------
+
+def _findings(c: Any, findings: Sequence[Finding]) -> None:
+    shown = [f for f in findings if f.code != "reserve_breakdown"]  # shown as its own table
+    if not shown:
+        return
+    from rich.text import Text
+
+    c.print(Text("Findings", style="bold underline"))
+    for f in shown:
+        say(c, f.code, indent=INDENT, style="bold", first=f.severity.upper(), first_style=SEVERITY_STYLE[f.severity])
+        say(c, f.title, indent=INDENT)
+        say(c, f.detail, indent=INDENT)
+        if f.evidence:
+            say(c, "evidence: " + "; ".join(f.evidence), indent=INDENT, style="dim")
+
+
+def _recommendations(c: Any, recs: Sequence[Recommendation], context_len: Optional[int],
+                     request_tokens: int) -> None:
+    if not recs:
+        return
+    from rich.text import Text
+
+    c.print(Text("Recommendations", style="bold underline"))
+    say(c, "Best first; gains per rank; requests = more concurrent requests at context_len {} / at {:,} "
+            "tokens.".format(count(context_len), request_tokens), style="dim")
+    for i, r in enumerate(recs, 1):
+        say(c, "{} {}  [{}]".format(r.flag, r.value, r.basis), indent=3, style="bold green", first="{}.".format(i))
+        gains = gain_text(r)
+        if gains:
+            say(c, gains, indent=3)
+        say(c, r.rationale, indent=3)
+
+
+def gain_text(r: Recommendation) -> str:
+    gains = []
+    if r.gain_bytes is not None:
+        gains.append("{:+.2f} GiB".format(r.gain_bytes / GIB))
+    if r.gain_tokens is not None:
+        gains.append("{:+,} KV tokens".format(r.gain_tokens))
+    req = r.gain_requests
+    if req:
+        gains.append("{} / {} requests".format(_plus(req.get("at_context_len")), _plus(req.get("at_request_tokens"))))
+    return ", ".join(gains)
+
+
+# --- a startup log ------------------------------------------------------------------------------
+
+def _render_each(items: Sequence[Any], one: Callable[[Any, Any], None], color: bool, width: int) -> str:
+    """Render every item with ``one(console, item)``, a rule between them."""
+    buf, c = console(color, width)
+    for i, item in enumerate(items):
+        if i:
+            c.rule()  # type: ignore[attr-defined]
+        one(c, item)
+    return text_of(buf)
+
+
+def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -> str:
+    return _render_each(analyses, _render_analysis, color, width)
+
+
+def _render_analysis(c: Any, a: Analysis) -> None:
+
+    say(c, "kvforensics " + a.target, style="bold")
+    _verdict(c, a.verdict)
+    _evidence_rule(c)
+    _render_one(c, a)
+    _findings(c, a.findings)
+    _recommendations(c, a.recommendations, a.summary.context_len, a.options.request_tokens)
+
+
+def _render_one(c: Any, a: Analysis) -> None:
+    """The startup's evidence: header, ledger, bars, reserve (findings are the caller's)."""
+    header(c, a)
+    groups = collapse(a.ranks)
+    if groups:
+        _ledger_tables(c, a, groups)
+    if any(r.target.pre_load_avail_bytes for _, r in groups):  # a bar needs the memory it splits
+        rank_bars(c, groups, a.complete)
+    _reserve_table(c, a)
 
 
 def _key(r: RankLedger) -> Tuple:
@@ -94,19 +352,8 @@ def collapse(ranks: Sequence[RankLedger]) -> List[Tuple[str, RankLedger]]:
     out = []
     for members in groups.values():
         names = [m.rank or "(untagged)" for m in members]
-        label = names[0] if len(names) == 1 else "{}–{}".format(names[0], names[-1]) \
-            if _contiguous(names) else ",".join(names)
-        out.append((label, members[0]))
+        out.append((fit.rank_label(names) if len(names) > 1 else names[0], members[0]))
     return out
-
-
-def _contiguous(names: List[str]) -> bool:
-    try:
-        nums = [int(n.rsplit("TP", 1)[1]) for n in names]
-        prefixes = {n.rsplit("TP", 1)[0] for n in names}
-    except (IndexError, ValueError):
-        return False
-    return len(prefixes) == 1 and nums == list(range(nums[0], nums[0] + len(nums)))
 
 
 def _source(r: RankLedger, key: str) -> str:
@@ -115,60 +362,9 @@ def _source(r: RankLedger, key: str) -> str:
     return r.sources.get(key) or r.target.sources.get(key, "")
 
 
-def bar(r: RankLedger, width: int = 60) -> List[Tuple[str, int, str]]:
-    """Segments (label, cells, colour) across the memory that was free before loading."""
-    total = (r.target.pre_load_avail_bytes or 0)
-    if total <= 0:
-        return []
-    segments = []
-    for label, get, _, colour in LEDGER_ROWS:
-        value = get(r)
-        if colour is None or not value or value <= 0:
-            continue
-        segments.append((label, value, colour))
-    return _cells(segments, total, width)
-
-
-def _render_each(items: Sequence[Any], one: Callable[[Any, Any], None], color: bool, width: int) -> str:
-    """Render every item with ``one(console, item)``, a rule between them."""
-    buf, c = console(color, width)
-    for i, item in enumerate(items):
-        if i:
-            c.rule()  # type: ignore[attr-defined]
-        one(c, item)
-    return text_of(buf)
-
-
-def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -> str:
-    return _render_each(analyses, _render_one, color, width)
-
-
-def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
-    """The log analysis; with ``live`` the findings and recommendations come from the caller."""
-    _header(console, a, live)
-    groups = collapse(a.ranks)
-    if groups:
-        _ledger_table(console, a, groups)
-        _bars(console, groups)
-    _reserve_table(console, a)
-    if not live:
-        _findings(console, a.findings)
-        _recommendations(console, a.recommendations, a.summary.context_len, a.options.request_tokens)
-
-
-def _header(c: "object", a: Analysis, live: bool) -> None:
-    from rich.padding import Padding
-    from rich.text import Text
-
+def header(c: Any, a: Analysis) -> None:
     args = a.server_args
-    head = Text()
-    if not live:
-        head.append("kvforensics ", style="bold")
-        head.append(a.target, style="bold cyan")
-        head.append("  ")
-    head.append("SGLang {} (from line formats)".format(a.era.hint))
-    c.print(head)  # type: ignore[attr-defined]
-    facts = []
+    facts = ["SGLang {} (from line formats)".format(a.era.hint)]
     if args.get("model_path"):
         facts.append("model {}".format(args["model_path"]))
     tp = args.get("tp_size")
@@ -181,220 +377,196 @@ def _header(c: "object", a: Analysis, live: bool) -> None:
     idx = "startup {} of {}".format(a.startup_index, a.startup_count) if a.startup_count \
         else "last startup (earlier ones not counted)"
     facts.append("{} (line {})".format(idx, a.startup_first_line) if a.startup_first_line else idx)
-    c.print(Padding(Text(" · ".join(facts)), (0, 0, 0, 2), expand=False))  # type: ignore[attr-defined]
+    say(c, " · ".join(facts))
     s = a.summary
     if s.max_total_num_tokens is not None:
-        c.print("  KV tokens {:,} · max_running_requests {} · context_len {} · free after startup {} GiB "  # type: ignore[attr-defined]
-                "({})".format(s.max_total_num_tokens, _count(s.max_running_requests), _count(s.context_len),
-                              _gib(s.startup_avail_bytes), s.source))
+        say(c, "KV tokens {:,} · max_running_requests {} · context_len {} · free after startup {} GiB ({})".format(
+            s.max_total_num_tokens, count(s.max_running_requests), count(s.context_len),
+            gib_cell(s.startup_avail_bytes), s.source), indent=2)
     for p in a.problems:
-        c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
+        say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
 
 
-def _count(n: Optional[int]) -> str:
-    return "—" if n is None else "{:,}".format(n)
-
-
-def _ledger_table(c: "object", a: Analysis, groups: List[Tuple[str, RankLedger]]) -> None:
-    from rich.table import Table
-
-    table = Table(title="Memory ledger per rank (GiB; 1 GiB = 2^30 B; SGLang's \"GB\" is GiB)",
-                  title_justify="left", show_edge=False, pad_edge=False)
-    table.add_column("item")
-    for label, _ in groups:
-        table.add_column(label, justify="right")
-    table.add_column("source ({})".format(groups[0][0]), overflow="fold", max_width=52, style="dim")
+def ledger_rows(a: Analysis, groups: List[Tuple[str, RankLedger]]) -> List[List[str]]:
+    """[item, one value per group, source of the first group] per row of the ledger."""
+    rows = []
     for label, get, key, _ in LEDGER_ROWS:
         values = [get(r) for _, r in groups]
         if all(v is None for v in values):
             continue
         if key == "final_avail_bytes" and not a.complete:  # a fragment's last figure is not "after startup"
             label = "last free figure seen"
-        table.add_row(label, *[_gib(v) for v in values], _source(groups[0][1], key))
+        rows.append([label] + [gib_cell(v) for v in values] + [_source(groups[0][1], key)])
     r0 = groups[0][1]
     if r0.target.kv_tokens is not None:
-        table.add_row("KV tokens", *[_count(r.target.kv_tokens) for _, r in groups],
-                      r0.target.sources.get("kv_tokens", ""))
+        rows.append(["KV tokens"] + [count(r.target.kv_tokens) for _, r in groups]
+                    + [r0.target.sources.get("kv_tokens", "")])
     if a.budget.cell_bytes:
-        table.add_row("KV bytes per token", *["{:,}".format(a.budget.cell_bytes) for _ in groups],
-                      a.budget.cell_source)
+        rows.append(["KV bytes per token"] + ["{:,}".format(a.budget.cell_bytes) for _ in groups]
+                    + [a.budget.cell_source])
     if r0.reserve_bytes is not None:
-        table.add_row("reserve (1 − mfs) × pre-load free", *[_gib(r.reserve_bytes) for _, r in groups],
-                      "formula: " + a.budget.mfs_source)
-    c.print(table)  # type: ignore[attr-defined]
+        rows.append(["reserve (1 − mfs) × pre-load free"] + [gib_cell(r.reserve_bytes) for _, r in groups]
+                    + ["formula: " + a.budget.mfs_source])
+    return rows
 
 
-def _bars(c: "object", groups: List[Tuple[str, RankLedger]]) -> None:
+def _ledger_tables(c: Any, a: Analysis, groups: List[Tuple[str, RankLedger]]) -> None:
+    """The ledger, one column per group of identical ranks; when the groups do not fit beside the
+    item names, as several tables of as many groups as fit (sources with the first)."""
+    rows = ledger_rows(a, groups)
+    item_width = max(fit.cell_len(r[0]) for r in rows)
+    value_width = max(fit.cell_len(x) for r in rows for x in r[1:-1] + [label for label, _ in groups])
+    per_table = max(1, (_width(c) - item_width - fit.MARKER_WIDTH - fit.SEPARATOR) // (value_width + fit.SEPARATOR))
+    title = "Memory ledger per rank (GiB; 1 GiB = 2^30 B; SGLang's \"GB\" is GiB)"
+    for start in range(0, len(groups), per_table):
+        chunk = range(start, min(len(groups), start + per_table))
+        columns = [Col("item")] + [Col(groups[i][0], "right") for i in chunk]
+        if start == 0:
+            columns.append(Col("source ({})".format(groups[0][0]), priority=10, give=NOTES, style="dim"))
+        body = [[r[0]] + [r[1 + i] for i in chunk] + ([r[-1]] if start == 0 else []) for r in rows]
+        print_table(c, title if start == 0 else None, columns, body)
+
+
+def rank_bars(c: Any, groups: List[Tuple[str, RankLedger]], complete: bool) -> None:
     from rich.text import Text
 
-    c.print(Text("Where each GPU's pre-load free memory went:", style="bold"))  # type: ignore[attr-defined]
-    for label, r in groups:
-        line = Text("  {:>9} ".format(label[:9]))
-        segs = bar(r)
-        for _, cells, colour in segs:
-            line.append("█" * cells, style=colour)
-        line.append("░" * (60 - sum(x[1] for x in segs)), style="dim")
-        line.append(" {} GiB".format(_gib(r.target.pre_load_avail_bytes)))
-        c.print(line)  # type: ignore[attr-defined]
-    legend = Text("  ")
-    for label, _, _, colour in LEDGER_ROWS:
-        if colour and any(name == label for name, _, _ in bar(groups[0][1])):
-            legend.append("█ ", style=colour)
-            legend.append(label + "  ")
-    c.print(legend)  # type: ignore[attr-defined]
+    c.print(Text("Where each GPU's pre-load free memory went:", style="bold"))
+    label_width = max(fit.cell_len(label) for label, _ in groups)
+    suffixes = [" {} GiB".format(gib_cell(r.target.pre_load_avail_bytes)) for _, r in groups]
+    cells = _bar_width(c, label_width, max(fit.cell_len(s) for s in suffixes))
+    seen: List[str] = []
+    leftover = False
+    for (label, r), suffix in zip(groups, suffixes):
+        segs = bar(r, cells)
+        leftover = leftover or sum(s.cells for s in segs) < cells
+        seen += [s.label for s in segs if s.label not in seen]
+        c.print(_bar_text(label, label_width, segs, cells, suffix, _colored(c), FREE_CELL), no_wrap=True,
+                overflow="ignore", crop=False)
+    entries = [(LEDGER_GLYPHS[label], colour, label if complete or key != "final_avail_bytes" else
+                "last free figure seen") for label, _, key, colour in LEDGER_ROWS if label in seen]
+    if leftover:
+        entries.append((FREE_CELL, None, "not accounted for"))
+    _legend(c, entries)
 
 
-def _reserve_table(c: "object", a: Analysis) -> None:
-    from rich.table import Table
-
+def _reserve_table(c: Any, a: Analysis) -> None:
     rows = reserve_breakdown(a) if a.complete else []
     if not rows or not a.budget.reserve_bytes:
         return
-    table = Table(title="Where the {} GiB reserve went (rank with the least free memory)".format(
-        _gib(a.budget.reserve_bytes)), title_justify="left", show_edge=False, pad_edge=False)
-    table.add_column("GiB", justify="right")
-    table.add_column("item")
-    table.add_column("source", style="dim", overflow="fold")
-    for name, n, src in rows:
-        table.add_row(_gib(n), name, src)
-    c.print(table)  # type: ignore[attr-defined]
+    columns = [Col("GiB", "right"), Col("item", priority=20, give=NOTES, min_width=24),
+               Col("source", priority=10, give=NOTES, style="dim")]
+    title = "Where the {} GiB reserve went (rank with the least free memory)".format(gib_cell(a.budget.reserve_bytes))
+    print_table(c, title, columns, [[gib_cell(n), name, src] for name, n, src in rows])
 
 
-def _findings(c: "object", findings: Sequence["Finding"]) -> None:
-    from rich.padding import Padding
-    from rich.text import Text
-
-    shown = [f for f in findings if f.code != "reserve_breakdown"]  # shown as its own table
-    if not shown:
-        return
-    c.print(Text("Findings", style="bold underline"))  # type: ignore[attr-defined]
-    for f in shown:
-        t = Text()
-        t.append("{:<8}".format(f.severity.upper()), style=SEVERITY_STYLE[f.severity])
-        t.append(" {}: ".format(f.code), style="bold")
-        t.append(f.title)
-        c.print(t)  # type: ignore[attr-defined]
-        c.print(Padding(Text(f.detail), (0, 0, 0, 9), expand=False))  # type: ignore[attr-defined]
-        if f.evidence:
-            c.print(Padding(Text("evidence: " + "; ".join(f.evidence), style="dim"), (0, 0, 0, 9),
-                            expand=False))  # type: ignore[attr-defined]
-
-
-def _recommendations(c: "object", recs: Sequence["Recommendation"], context_len: Optional[int],
-                     request_tokens: int) -> None:
-    from rich.padding import Padding
-    from rich.text import Text
-
-    if not recs:
-        return
-    c.print(Text("Recommendations (per rank; requests = more concurrent requests at context_len "
-                 ""  # type: ignore[attr-defined]
-                 "{:,} / at {:,} tokens)".format(context_len or 0, request_tokens), style="bold underline"))
-    for r in recs:
-        t = Text("→ ")
-        t.append("{} {}".format(r.flag, r.value), style="bold green")
-        gains = []
-        if r.gain_bytes is not None:
-            gains.append("{:+.2f} GiB".format(r.gain_bytes / GIB))
-        if r.gain_tokens is not None:
-            gains.append("{:+,} tokens".format(r.gain_tokens))
-        req = r.gain_requests
-        if req:
-            gains.append("{} / {} requests".format(_plus(req.get("at_context_len")),
-                                                   _plus(req.get("at_request_tokens"))))
-        t.append("   " + ", ".join(gains))
-        t.append("   [{}]".format(r.basis), style="dim")
-        c.print(t)  # type: ignore[attr-defined]
-        c.print(Padding(Text(r.rationale), (0, 0, 0, 2), expand=False))  # type: ignore[attr-defined]
-
-
-def _plus(n: Optional[int]) -> str:
-    return "—" if n is None else "{:+,}".format(n)
-
-
-# --- live inspection -----------------------------------------------------------------------
-
-def gpu_bar(g: GpuLedger, width: int = 60) -> List[Tuple[str, int, str]]:
-    """Segments across the GPU's total memory, from NVML now; free is left blank."""
-    if not g.total_bytes:
-        return []
-    segments = [(ITEM_LABELS[item.kind], item.bytes, colour) for item in g.items
-                for colour in (ITEM_COLOURS[item.kind],) if colour and item.bytes and item.bytes > 0]
-    return _cells(segments, g.total_bytes, width)
-
+# --- live inspection --------------------------------------------------------------------------
 
 def render_inspections(inspections: Sequence[Inspection], color: bool = True, width: int = 110) -> str:
     return _render_each(inspections, _render_inspection, color, width)
 
 
-def _render_inspection(c: "object", insp: Inspection) -> None:
-    from rich.table import Table
+def _render_inspection(c: Any, insp: Inspection) -> None:
     from rich.text import Text
 
     snap = insp.snapshot
-    nv = snap.nvml
-    head = Text()
-    head.append("kvforensics ", style="bold")
-    head.append(insp.target, style="bold cyan")
-    head.append("  ({}, taken {})".format(insp.status, _when(snap.taken_at_unix_s)))
-    c.print(head)  # type: ignore[attr-defined]
-    facts = []
-    if nv.driver_version:
-        facts.append("driver {}".format(nv.driver_version))
+    say(c, "kvforensics {}  ({})".format(insp.target, insp.status), style="bold")
+    _verdict(c, insp.verdict)
+    _evidence_rule(c)
+    facts = ["taken {}".format(when(snap.taken_at_unix_s))]
+    if snap.nvml.driver_version:
+        facts.append("driver {}".format(snap.nvml.driver_version))
     facts.append("{} GPU(s)".format(len(insp.gpus)))
     hm = insp.host_memory
     if hm.available_bytes is not None:
-        facts.append("host RAM {} GiB available of {} GiB".format(_gib(hm.available_bytes), _gib(hm.total_bytes)))
-    c.print("  " + " · ".join(facts))  # type: ignore[attr-defined]
+        facts.append("host RAM {} GiB available of {} GiB".format(gib_cell(hm.available_bytes),
+                                                                  gib_cell(hm.total_bytes)))
+    say(c, " · ".join(facts))
     for p in insp.problems:
-        c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
+        say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
     if insp.gpus:
-        table = Table(title="GPUs now (NVML; GiB)", title_justify="left", show_edge=False, pad_edge=False)
-        for col, just in (("GPU", "right"), ("name", "left"), ("rank", "left"), ("total", "right"), ("used", "right"),
-                          ("free", "right"), ("engine", "right"), ("other procs", "right"), ("reserved", "right")):
-            table.add_column(col, justify=just)  # type: ignore[arg-type]
-        for g in insp.gpus:
-            engine = g.held_by(Owner.ENGINE)
-            other = sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
-            table.add_row(str(g.index), (g.name or "?") if g.status == "ok" else g.status.upper(), g.rank or "—",
-                          _gib(g.total_bytes), _gib(g.used_bytes), _gib(g.free_bytes),
-                          _gib(engine) if engine else "—", _gib(other) if other else "—", _gib(g.reserved_bytes))
-        c.print(table)  # type: ignore[attr-defined]
-        c.print(Text("Where each GPU's memory is now:", style="bold"))  # type: ignore[attr-defined]
-        labels = []
-        for g in insp.gpus:
-            line = Text("  GPU {:>2} ".format(g.index))
-            segs = gpu_bar(g)
-            for label, cells, colour in segs:
-                line.append("█" * cells, style=colour)
-                if label not in labels:
-                    labels.append(label)
-            line.append("░" * (60 - sum(x[1] for x in segs)), style="dim")
-            line.append(" {} GiB free".format(_gib(g.free_bytes)))
-            c.print(line)  # type: ignore[attr-defined]
-        legend = Text("  ")
-        colours = {ITEM_LABELS[k]: c for k, c in ITEM_COLOURS.items()}
-        for label in labels:
-            legend.append("█ ", style=colours[label])
-            legend.append(label + "  ")
-        legend.append("░ free", style="dim")
-        c.print(legend)  # type: ignore[attr-defined]
+        groups = gpu_groups(insp.gpus)
+        _gpu_table(c, groups)
+        gpu_bars(c, groups)
     if insp.analysis is not None:
-        c.print(Text("From the engine's startup log ({}):".format(snap.engine_log.source),  # type: ignore[attr-defined]
-                     style="bold"))
-        _render_one(c, insp.analysis, live=True)
+        c.print(Text("From the engine's startup log ({}):".format(snap.engine_log.source), style="bold"))
+        _render_one(c, insp.analysis)
     _findings(c, insp.findings)
     a = insp.analysis
     _recommendations(c, insp.recommendations, a.summary.context_len if a else None, insp.options.request_tokens)
 
 
-def _when(ts: Optional[float]) -> str:
+def _others(g: GpuLedger) -> Optional[int]:
+    """Memory held by processes that are not the engine's (None when none is known)."""
+    known = [p.used_bytes for p in g.processes if p.owner is not Owner.ENGINE and p.used_bytes is not None]
+    return sum(known) if known else None
+
+
+def gpu_cells(g: GpuLedger) -> Tuple[str, ...]:
+    """What a GPU's row shows, but its index and rank: GPUs showing the same are one row."""
+    engine = g.held_by(Owner.ENGINE)
+    name = "LOST" if g.status == "lost" else (g.name or "—").replace("NVIDIA ", "", 1)
+    return (name, gib_cell(g.total_bytes), gib_cell(g.used_bytes), gib_cell(g.free_bytes),
+            gib_cell(engine) if engine else "—", gib_cell(_others(g)), gib_cell(g.reserved_bytes))
+
+
+def gpu_groups(gpus: Sequence[GpuLedger]) -> List[List[GpuLedger]]:
+    """GPUs whose rows and bars are identical, as groups in index order ("0–7 ×8")."""
+    keys = [(gpu_cells(g), tuple(gpu_bar(g))) for g in gpus]
+    positions = fit.collapse_rows(keys, list(range(len(gpus))))
+    return [[gpus[i] for i in members] for members in positions]
+
+
+def gpu_label(group: Sequence[GpuLedger]) -> str:
+    return fit.group_label([g.index for g in group])
+
+
+def _gpu_table(c: Any, groups: List[List[GpuLedger]]) -> None:
+    # At 80 columns the driver-reserved figure gives way first, then the GPU's name keeps its first words.
+    columns = [Col("GPU", "right"), Col("name", priority=20, give=NOTES), Col("rank", priority=30, give=NOTES),
+               Col("total", "right"), Col("used", "right"), Col("free", "right"), Col("engine", "right"),
+               Col("others", "right"), Col("reserved", "right", priority=10)]
+    rows = []
+    for group in groups:
+        cells = gpu_cells(group[0])
+        rows.append([gpu_label(group), cells[0], fit.rank_label([g.rank for g in group])] + list(cells[1:]))
+    print_table(c, "GPUs now (NVML; GiB; identical GPUs share a row)", columns, rows)
+
+
+def gpu_bars(c: Any, groups: List[List[GpuLedger]]) -> None:
+    from rich.text import Text
+
+    c.print(Text("Where each GPU's memory is now:", style="bold"))
+    labels = ["GPU " + gpu_label(group) for group in groups]
+    label_width = max(fit.cell_len(x) for x in labels)
+    suffixes = [" {} GiB free".format(gib_cell(group[0].free_bytes)) for group in groups]
+    cells = _bar_width(c, label_width, max(fit.cell_len(s) for s in suffixes))
+    seen: List[str] = []
+    for label, group, suffix in zip(labels, groups, suffixes):
+        segs = gpu_bar(group[0], cells)
+        seen += [s.label for s in segs if s.label not in seen]
+        c.print(_bar_text(label, label_width, segs, cells, suffix, _colored(c), FREE_GLYPH), no_wrap=True,
+                overflow="ignore", crop=False)
+    by_label = {ITEM_LABELS[k]: k for k in ITEM_LABELS}
+    entries = [(ITEM_GLYPHS[by_label[label]], ITEM_COLOURS[by_label[label]], label) for label in seen]
+    entries.append((FREE_CELL if _colored(c) else FREE_GLYPH, None, "free"))
+    _legend(c, entries)
+
+
+def when(ts: Optional[float]) -> str:
     import datetime
 
     if not ts:
-        return "?"
+        return "—"
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
+
+# --- fleets -----------------------------------------------------------------------------------
+
+# At 80 columns the engine and the model give way first, then the worst finding keeps its first
+# words, and the host name last.
+FLEET_COLUMNS = (Col("host", priority=40, give=NOTES), Col("status"), Col("GPUs", "right"),
+                 Col("engine", priority=10), Col("model", priority=20), Col("KV tokens", "right"),
+                 Col("unused", "right"), Col("worst finding", priority=30, give=NOTES))
 
 
 def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
@@ -415,24 +587,17 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
         rows.append((i.target.split(":", 1)[-1], i.status, str(len(i.gpus)),
                      "SGLang " + a.era.hint if a else ("SGLang (no log)" if i.engine else "—"), model or "—",
                      "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
-                     _gib(unused) if unused else "—",
+                     gib_cell(unused) if unused else "—",
                      "{} {}".format(worst.severity, worst.code) if worst else "—"))
     return rows
 
 
 def render_fleet(results: Sequence[Any], color: bool = True, width: int = 110) -> str:
     """The fleet summary table; ``results`` holds Inspections and failed targets, in order."""
-    from rich.table import Table
-
     buf, c = console(color, width)
     collected = sum(1 for r in results if not isinstance(r, TargetFailure))
-    table = Table(title="kvforensics: {} host(s), {} collected".format(len(results), collected),
-                  title_justify="left", show_edge=False, pad_edge=False)
-    for col, just in (("host", "left"), ("status", "left"), ("GPUs", "right"), ("engine", "left"), ("model", "left"),
-                      ("KV tokens", "right"), ("unused GiB", "right"), ("worst finding", "left")):
-        table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
-    for row in fleet_rows(results):
-        style = None if row[1] in ("ok", "partial") else "red"
-        table.add_row(*row, style=style)
-    c.print(table)  # type: ignore[attr-defined]
+    rows = fleet_rows(results)
+    styles = [None if row[1] in ("ok", "partial") else "red" for row in rows]
+    print_table(c, "kvforensics: {} host(s), {} collected (unused: GiB per GPU beyond the margin)".format(
+        len(results), collected), FLEET_COLUMNS, rows, styles)
     return text_of(buf)

@@ -10,6 +10,10 @@ from reports.history_report import sparkline
 GIB = 1 << 30
 
 
+def _count(value: Optional[float]) -> str:
+    return "—" if value is None else "{:.0f}".format(value)
+
+
 def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: float):
     from rich.table import Table
 
@@ -19,7 +23,7 @@ def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: f
     caption = "refresh every {:g} s · Ctrl-C to leave".format(interval)
     if usage is not None:
         caption = "KV usage {:.0%} · running {} · queued {} · ".format(
-            usage, int(running or 0), int(queued or 0)) + caption
+            usage, _count(running), _count(queued)) + caption
     table = Table(title="kvforensics watch · {}".format(insp.target), caption=caption, title_justify="left")
     for col, just in (("GPU", "right"), ("rank", "left"), ("used GiB", "right"), ("free GiB", "right"),
                       ("free, last {} looks".format(max(len(h) for h in history.values()) if history else 0), "left")):

@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import ROOT, SEED_CONFIG, SEED_LOG, run_cli, run_json
 
-TARGET_KEYS = {"target", "status", "problems", "engine", "startup", "findings", "recommendations"}
+TARGET_KEYS = {"target", "status", "problems", "engine", "startup", "findings", "recommendations", "verdict"}
+VERDICT_KEYS = {"question", "cause", "cause_finding", "proof", "action", "action_recommendation"}
 ENGINE_KEYS = {"name", "version_hint", "version_clues", "server_args"}
 STARTUP_KEYS = {"index", "count", "first_line", "max_total_num_tokens", "max_running_requests", "context_len",
                 "startup_avail_bytes", "ranks", "failure", "budget", "complete", "stages"}
@@ -35,6 +36,7 @@ def test_json_contract(seed_json):
         assert set(f) == FINDING_KEYS
     for r in seed_json["recommendations"]:
         assert set(r) == REC_KEYS and r["basis"] in ("measured", "estimated")
+    assert set(seed_json["verdict"]) == VERDICT_KEYS
 
 
 def test_top_level_schema():

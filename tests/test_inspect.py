@@ -85,10 +85,14 @@ def test_findings_and_measured_recommendations(node):
     for code_ in ("mem_fraction_semantics", "kv_budget_check", "draft_in_reserve", "concurrency_bound"):
         assert code_ in f
     rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
-    assert rec["basis"] == "measured"
+    assert rec["basis"] == "estimated"  # one look at NVML, no recorded history: not a measurement
+    assert "one look" in rec["rationale"] and "one look" in f["unused_gpu_memory"]["detail"]
     pre = int(round(94.04 * GIB))
     assert float(rec["value"]) == int((0.88 + spare / pre) * 1000) / 1000
     assert rec["gain_tokens"] == rec["gain_bytes"] // 70272
+    # one number, one value: the finding quotes the recommendation's GiB and tokens
+    assert "--mem-fraction-static {} puts {:.2f} GiB of it into the KV pool: +{:,} KV tokens per rank".format(
+        rec["value"], rec["gain_bytes"] / GIB, rec["gain_tokens"]) in f["unused_gpu_memory"]["detail"]
     gpu5 = {x["item"]: x["bytes"] for x in t["gpus"][5]["ledger"]}
     assert gpu5["PIDs that no longer exist"] == GIB
 
@@ -201,7 +205,7 @@ def test_shipped_seed_bundle():
     f = _codes(t)
     assert {"unused_gpu_memory", "mem_fraction_semantics", "draft_in_reserve", "host_ram_offload"} <= set(f)
     hicache = next(r for r in t["recommendations"] if r["flag"].startswith("--enable-hierarchical-cache"))
-    assert hicache["basis"] == "measured"
+    assert hicache["basis"] == "estimated"  # one look at MemAvailable
     per_rank = (t["host_memory"]["available_bytes"] - 10 * GIB) // 8
     assert int(hicache["value"]) == per_rank // 10**9
 

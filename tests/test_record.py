@@ -62,15 +62,30 @@ def test_recommendation_rests_on_the_low_water_mark(node, tmp_path):
     for free in ([5.06] * 8, [5.06] * 4 + [3.71] + [5.06] * 3, [5.06] * 8):
         _set_free(node, free)
         _record(db)
-    # inspect on the node reads the same history (read-only) and says so
+    # inspect on the node reads the same history (read-only) and says so; three samples taken
+    # within seconds are still one look: the low-water mark sizes the raise, the basis stays estimated
+    rec, unused = _mem_fraction_advice(db)
+    assert rec["basis"] == "estimated"
+    assert "one look: 3 samples over" in rec["rationale"] and "lowest free 3.71 GiB on GPU 4" in rec["rationale"]
+    pre = int(round(94.04 * GIB))
+    assert float(rec["value"]) == int((0.88 + (int(3.71 * GIB) - 2 * GIB) / pre) * 1000) / 1000
+    assert unused["bytes"] == int(3.71 * GIB) - 2 * GIB
+    # the same samples spread over an hour are a measurement
+    conn = sqlite3.connect(str(db))
+    with conn:
+        conn.execute("UPDATE runs SET first_seen = first_seen - 3600")
+    conn.close()
+    rec, unused = _mem_fraction_advice(db)
+    assert rec["basis"] == "measured"
+    assert "measured over 60 minutes, 3 samples: lowest free 3.71 GiB on GPU 4" in rec["rationale"]
+    assert "measured over 60 minutes" in unused["detail"]
+
+
+def _mem_fraction_advice(db):
     code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", str(FAKE_LIB), "--db", str(db)])
     t = json.loads(out)["targets"][0]
     rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
-    assert "3 samples: lowest free 3.71 GiB on GPU 4" in rec["rationale"]
-    pre = int(round(94.04 * GIB))
-    assert float(rec["value"]) == int((0.88 + (int(3.71 * GIB) - 2 * GIB) / pre) * 1000) / 1000
-    unused = next(f for f in t["findings"] if f["code"] == "unused_gpu_memory")
-    assert unused["bytes"] == int(3.71 * GIB) - 2 * GIB
+    return rec, next(f for f in t["findings"] if f["code"] == "unused_gpu_memory")
 
 
 def test_a_restart_starts_a_new_run(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from agent.cli.options import (
     FailOn,
     Margin,
     ModelConfig,
+    ReportFormat,
     ReportJson,
     RequestTokens,
     Startup,
@@ -22,6 +23,7 @@ from agent.cli.options import (
     analysis_options,
     exit_for_findings,
     fail_level,
+    report_format,
     terminal_width,
     use_color,
 )
@@ -31,6 +33,7 @@ def analyze(
     log: Annotated[str, typer.Argument(help="SGLang log: a file, a .gz file, or - for stdin.", show_default=False)],
     startup: Startup = -1,
     model_config: ModelConfig = None,
+    fmt: ReportFormat = None,
     as_json: ReportJson = False,
     fail_on: FailOn = FAIL_ON,
     margin: Margin = MARGIN_GIB,
@@ -49,6 +52,7 @@ def analyze(
     from reports import json_report
 
     level = fail_level(fail_on)
+    fmt = report_format(fmt, as_json)
     opts = analysis_options(margin, request_tokens)
     target = "file:" + log
     try:
@@ -56,14 +60,18 @@ def analyze(
         excerpt = read_log(log, startup, count_lines=exact_lines)
     except (LogReadError, ModelConfigError) as exc:
         message = getattr(exc, "message", str(exc))
-        if as_json:
+        if fmt == "json":
             code = "log." + getattr(exc, "code", "model_config")
             sys.stdout.write(json_report.render([], [json_report.error_target(target, "error", code, message)]))
         raise UsageProblem(message) from None
     opts = replace(opts, model_config=cfg, model_config_path=model_config)
     analysis = analyze_startup(excerpt.startup, target, opts, excerpt.index, excerpt.count, excerpt.notes)
-    if as_json:
+    if fmt == "json":
         sys.stdout.write(json_report.render([analysis]))
+    elif fmt == "markdown":
+        from reports import markdown
+
+        sys.stdout.write(markdown.render([analysis]))
     else:
         from reports import terminal
 

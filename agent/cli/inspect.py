@@ -27,6 +27,7 @@ from agent.cli.options import (
     Margin,
     ModelConfig,
     NvmlLib,
+    ReportFormat,
     ReportJson,
     RequestTokens,
     Startup,
@@ -35,6 +36,7 @@ from agent.cli.options import (
     check_log_spec,
     fail_level,
     findings_exit_code,
+    report_format,
     terminal_width,
     use_color,
 )
@@ -60,6 +62,7 @@ def inspect(
     hosts_file: Annotated[Optional[str], typer.Option("--hosts-file",
                                                       help="Read targets from a file: one per line, '#' "
                                                            "comments.")] = None,
+    fmt: ReportFormat = None,
     as_json: ReportJson = False,
     detail: Annotated[bool, typer.Option("--detail",
                                          help="With several hosts, print each host's full report after the "
@@ -94,9 +97,9 @@ def inspect(
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
     settings = _validate(
-        targets=targets, hosts_file=hosts_file, as_json=as_json, detail=detail, fail_on=fail_on, margin=margin,
-        request_tokens=request_tokens, nvml_lib=nvml_lib, log=log, startup=startup, model_config=model_config,
-        save=save, from_file=from_file, http=http, ssh_config=ssh_config,
+        targets=targets, hosts_file=hosts_file, fmt=report_format(fmt, as_json), detail=detail, fail_on=fail_on,
+        margin=margin, request_tokens=request_tokens, nvml_lib=nvml_lib, log=log, startup=startup,
+        model_config=model_config, save=save, from_file=from_file, http=http, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, parallel=parallel, db=db, engine=engine, timeout=timeout,
         color=color)
     entries = _collect(settings)
@@ -130,7 +133,7 @@ class InspectSettings:
     db: Optional[str]
     opts: Options
     level: Optional[int]
-    as_json: bool
+    fmt: str  # terminal | json | markdown
     detail: bool
     color: Optional[bool]
 
@@ -140,7 +143,7 @@ class InspectSettings:
                 "model_config_path": self.model_config, "http": self.http, "engine": self.engine}
 
 
-def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], as_json: bool, detail: bool, fail_on: str,
+def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: str, detail: bool, fail_on: str,
               margin: float, request_tokens: int, nvml_lib: Optional[str], log: Optional[str], startup: int,
               model_config: Optional[str], save: Optional[str], from_file: Optional[str], http: bool,
               ssh_config: Optional[str], accept_new_host_keys: bool, parallel: int, db: Optional[str],
@@ -162,7 +165,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], as_jso
         names=tuple(names), from_file=from_file, save=save, nvml_lib=nvml_lib, log=log, startup=startup,
         model_config=model_config, http=http, engine=engine, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, db=db, opts=opts,
-        level=level, as_json=as_json, detail=detail, color=color)
+        level=level, fmt=fmt, detail=detail, color=color)
 
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
@@ -303,18 +306,26 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
     """JSON, or the fleet table (several targets) and full reports (one target, or --detail); then, on
     stderr, the targets that gave nothing."""
     inspections = _inspections(results)
-    if settings.as_json:
+    detailed = inspections if settings.detail or len(results) == 1 else []
+    if settings.fmt == "json":
         from reports import json_report
 
         sys.stdout.write(json_report.render_results(results))
+    elif settings.fmt == "markdown":
+        from reports import markdown
+
+        if len(results) > 1:
+            sys.stdout.write(markdown.render_fleet(results) + ("\n" if detailed else ""))
+        if detailed:
+            sys.stdout.write(markdown.render_inspections(detailed))
     else:
         from reports import terminal
 
         width = terminal_width()
         if len(results) > 1:
             sys.stdout.write(terminal.render_fleet(results, color=use_color(settings.color), width=width))
-        if inspections and (settings.detail or len(results) == 1):
-            sys.stdout.write(terminal.render_inspections(inspections, color=use_color(settings.color), width=width))
+        if detailed:
+            sys.stdout.write(terminal.render_inspections(detailed, color=use_color(settings.color), width=width))
     empty = _collected_nothing(inspections)
     if empty:
         sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(", ".join(empty)))

@@ -43,7 +43,11 @@ Startup = Annotated[int, typer.Option("--startup",
                                       help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
 
 # The report: analyze and inspect.
-ReportJson = Annotated[bool, typer.Option("--json", help="Print the JSON report (schema kvforensics.report/1).")]
+FORMATS = ("terminal", "json", "markdown")
+ReportFormat = Annotated[Optional[str], typer.Option("--format",
+                                                     help="terminal (default), json (schema kvforensics.report/1) or "
+                                                          "markdown (for tickets and chat).")]
+ReportJson = Annotated[bool, typer.Option("--json", help="Print the JSON report: the same as --format json.")]
 FailOn = Annotated[str, typer.Option("--fail-on",
                                      help="Exit 1 when a finding is at least this severe: info, warning, error, "
                                           "critical, never.")]
@@ -72,6 +76,15 @@ Db = Annotated[Optional[str], typer.Option("--db",
 
 class UsageProblem(Exception):
     """Bad input the user can fix; exit 2 with one line."""
+
+
+def report_format(fmt: Optional[str], as_json: bool) -> str:
+    """--format, checked, with --json as its alias for json."""
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageProblem("--format must be one of {}".format(", ".join(FORMATS)))
+    if as_json and fmt not in (None, "json"):
+        raise UsageProblem("--json is --format json: do not combine it with --format {}".format(fmt))
+    return "json" if as_json else (fmt or "terminal")
 
 
 def fail_level(fail_on: str) -> Optional[int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.records import Finding, Options, Problem, Recommendation
+from agent.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
 from agent.sglang import budget as budget_mod
 from agent.sglang import era as era_mod
 from agent.sglang import stages
@@ -56,6 +56,7 @@ class Analysis:
     failure: Optional[Failure] = None
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
+    verdict: Optional[Verdict] = None  # the answer first, from the findings and recommendations
 
     @property
     def tp_size(self) -> int:
@@ -93,6 +94,18 @@ class Analysis:
             return None, ""
         value, r = min(finals, key=lambda x: x[0])
         return value, "{} {}".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
+
+    def kv_change(self, delta_bytes: int) -> Optional[KvChange]:
+        """The --mem-fraction-static that moves every rank's KV pool by at most ``delta_bytes``
+        (negative: gives memory back), with what it really moves; None without the budget's inputs, or
+        when the fraction would reach 1 (a live node whose free memory the log's budget cannot explain)."""
+        b = self.budget
+        if b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
+            return None
+        new, gain, tokens = budget_mod.mem_fraction_change(b, delta_bytes)
+        if new >= 1:  # more spare than the whole reserve: the log does not describe this node's memory now
+            return None
+        return KvChange("--mem-fraction-static", "{:.3f}".format(new), gain, tokens, budget_mod.MFS_ROUNDING)
 
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
         """(text, evidence) of SGLang's own warnings of one kind ("unbalanced", …)."""

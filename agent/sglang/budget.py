@@ -125,6 +125,26 @@ class Inputs:
     summary_tokens: Optional[int] = None  # max_total_num_tokens: the count when no KV line gives one (≤0.4.3)
 
 
+def mem_fraction_change(b: Budget, delta_bytes: int) -> Tuple[float, int, int]:
+    """(new --mem-fraction-static, KV bytes gained, KV tokens gained) for moving the KV budget by
+    at most ``delta_bytes`` (negative: give memory back).
+
+    The budget moves by Δf × pre-load free (min over ranks). The value is rounded down to 3
+    decimals (the precision SGLang's own defaults use), so a raise never exceeds the spare memory
+    and the gain is Δf × pre-load free for the rounded Δf, a little under the spare: this is the
+    one place that rounding happens, and ``MFS_ROUNDING`` is the one sentence that says so.
+    """
+    assert b.mfs is not None and b.pre_min_bytes and b.cell_bytes
+    new = math.floor((b.mfs + delta_bytes / b.pre_min_bytes) * 1000) / 1000
+    gain = int((new - b.mfs) * b.pre_min_bytes)
+    tokens = gain // b.cell_bytes if gain >= 0 else -((-gain) // b.cell_bytes)
+    return new, gain, tokens
+
+
+MFS_ROUNDING = ("--mem-fraction-static is rounded down to 3 decimals, so the KV pool grows by a little less than "
+                "the spare, never more")
+
+
 def _min(values: List[Optional[int]]) -> Optional[int]:
     known = [v for v in values if v is not None]
     return min(known) if known else None

@@ -1,20 +1,22 @@
 """Recommendations: exact flags and values, with their gain in bytes, tokens and requests.
 
 From a log alone every gain is "estimated": the startup headroom is measured, but the peak
-free memory under load is not. On a live node the mem-fraction and HiCache advice rests on
-measurement (NVML now, or ``kvforensics record``'s low-water mark). The margin kept free
-(``--margin``, default 2 GiB) covers runtime activations not seen at startup.
+free memory under load is not. On a live node the mem-fraction advice is "measured" only when
+``kvforensics record``'s history of the engine run is long enough (``node_rules.is_measured``);
+one look at NVML or at host RAM is an estimate. The margin kept free (``--margin``, default
+2 GiB) covers runtime activations not seen at startup. A change that gains too little is not
+advised (``node_rules.worth_it``, ``MIN_HICACHE_GB``). The order of ``RECOMMENDERS`` is the
+order of advice: the first recommendation is the report's best action.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional
 
-from agent.node_rules import UNUSED_WARN_BYTES, headroom, host_offload
+from agent.node_rules import MIN_HICACHE_GB, Spare, host_offload, spare_memory, worth_it
 from agent.records import Recommendation
 from agent.sglang.analysis import Analysis
-from agent.sglang.budget import Budget
 from collectors.units import gib
 
 if TYPE_CHECKING:
@@ -40,80 +42,62 @@ def gain_requests(a: Analysis, gain_tokens: int) -> Dict[str, Optional[int]]:
     return out
 
 
-def mem_fraction_change(b: Budget, delta_bytes: int) -> Tuple[float, int, int]:
-    """(new --mem-fraction-static, KV bytes gained, KV tokens gained) for moving the KV budget by
-    at most ``delta_bytes`` (negative: give memory back).
-
-    The budget moves by Δf × pre-load free (min over ranks); the value is rounded down to 3
-    decimals (the precision SGLang's own defaults use) so a raise never exceeds the spare memory.
-    """
-    assert b.mfs is not None and b.pre_min_bytes and b.cell_bytes
-    new = math.floor((b.mfs + delta_bytes / b.pre_min_bytes) * 1000) / 1000
-    gain = int((new - b.mfs) * b.pre_min_bytes)
-    tokens = gain // b.cell_bytes if gain >= 0 else -((-gain) // b.cell_bytes)
-    return new, gain, tokens
-
-
 def mem_fraction(ctx: "Context") -> Iterator[Recommendation]:
-    """Raise --mem-fraction-static into unused memory, or lower it below the margin."""
+    """Raise --mem-fraction-static into unused memory, or lower it below the margin: the change the
+    unused_gpu_memory finding quotes (one computation, ``node_rules.spare_memory``)."""
     a = ctx.analysis
     if not isinstance(a, Analysis) or a.failed is not None:
         return
-    if ctx.live is not None:
-        yield from _measured_mem_fraction(ctx, a)
+    found = spare_memory(ctx)
+    if found is None or found.change is None:
         return
-    b = a.budget
-    free, src = a.headroom()
-    if free is None or b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
-        return
-    spare = free - a.options.margin_bytes
-    if spare < UNUSED_WARN_BYTES:
-        if spare < 0:
-            yield _lower_mem_fraction(a, -spare, free, src)
-        return
-    new, gain, tokens = mem_fraction_change(b, spare)
-    if gain <= 0:
-        return
+    if found.spare_bytes < 0:
+        yield _lower_mem_fraction(ctx, a, found)
+    elif found.worth_it and found.change.gain_bytes > 0:
+        yield _measured_raise(ctx, a, found) if ctx.live is not None else _estimated_raise(a, found)
+
+
+def _estimated_raise(a: Analysis, found: Spare) -> Recommendation:
+    b, c, h = a.budget, found.change, found.headroom
+    assert c is not None and b.mfs is not None
     draft_note = ""
-    if a.budget.draft_in_budget:
+    if b.draft_in_budget:
         draft_note = " (bytes per token include the draft's KV, which grows with the target's)"
-    yield Recommendation(
-        "--mem-fraction-static", "{:.3f}".format(new), gain, tokens, "estimated",
-        "{} free after startup ({}) − {} margin = {} spare; ({:.3f} − {:g}) × pre-load free {} = {} more KV"
-        " = {:,} tokens at {:,} B/token{}. Estimated: the startup headroom is measured, the runtime peak is "
-        "not (kvforensics record keeps low-water marks).".format(
-            gib(free), src, gib(a.options.margin_bytes), gib(spare), new, b.mfs, gib(b.pre_min_bytes),
-            gib(gain), tokens, b.cell_bytes, draft_note),
-        gain_requests(a, tokens))
-
-
-def _measured_mem_fraction(ctx: "Context", a: Analysis) -> Iterator[Recommendation]:
-    b = a.budget
-    found = headroom(ctx)
-    if found is None or b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
-        return
-    spare = found.spare(ctx.options.margin_bytes)
-    if not (spare >= UNUSED_WARN_BYTES or spare < 0):
-        return
-    new, gain, tokens = mem_fraction_change(b, spare)
-    caveat = ("" if found.measured else " One look at the GPUs: under heavier load free memory can dip lower "
-              "(kvforensics record keeps low-water marks).")
-    yield Recommendation(
-        "--mem-fraction-static", "{:.3f}".format(new), gain, tokens, "measured",
-        "{} → {} {} keeping the {} margin → --mem-fraction-static {:.3f} ((Δ {:+.3f}) × pre-load free {} "
-        "from the log) → {:+,} tokens per rank at {:,} B/token.{}".format(
-            found.how, "reclaim" if spare >= 0 else "give back", gib(abs(spare)), gib(ctx.options.margin_bytes),
-            new, new - b.mfs, gib(b.pre_min_bytes), tokens, b.cell_bytes, caveat),
-        gain_requests(a, tokens))
-
-
-def _lower_mem_fraction(a: Analysis, short: int, free: int, src: str) -> Recommendation:
-    new, gain, tokens = mem_fraction_change(a.budget, -short)
     return Recommendation(
-        "--mem-fraction-static", "{:.3f}".format(new), gain, tokens, "estimated",
-        "Only {} free after startup ({}), below the {} margin: give {} back to runtime activations "
-        "to avoid out-of-memory errors under load.".format(gib(free), src, gib(a.options.margin_bytes), gib(-gain)),
-        gain_requests(a, tokens))
+        c.flag, c.value, c.gain_bytes, c.gain_tokens, "estimated",
+        "{} free after startup ({}) − {} margin = {} spare; ({} − {:g}) × pre-load free {} = {} more KV"
+        " = {:,} tokens at {:,} B/token{}. {}. Estimated: the startup headroom is measured, the runtime peak is "
+        "not (kvforensics record keeps low-water marks).".format(
+            gib(h.free_bytes), h.how, gib(a.options.margin_bytes), gib(found.spare_bytes), c.value, b.mfs,
+            gib(b.pre_min_bytes), gib(c.gain_bytes), c.gain_tokens, b.cell_bytes, draft_note, c.rounding),
+        gain_requests(a, c.gain_tokens))
+
+
+def _measured_raise(ctx: "Context", a: Analysis, found: Spare) -> Recommendation:
+    """Live: ``measured`` only when a recorded history long enough backs the low-water mark."""
+    b, c, h = a.budget, found.change, found.headroom
+    assert c is not None and b.mfs is not None
+    caveat = ("" if h.measured else " Under heavier load free memory can dip lower (kvforensics record keeps "
+              "low-water marks).")
+    return Recommendation(
+        c.flag, c.value, c.gain_bytes, c.gain_tokens, "measured" if h.measured else "estimated",
+        "{} → reclaim {} keeping the {} margin → {} {} ((Δ {:+.3f}) × pre-load free {} from the log = {}; {}) "
+        "→ {:+,} tokens per rank at {:,} B/token.{}".format(
+            h.how, gib(found.spare_bytes), gib(ctx.options.margin_bytes), c.flag, c.value,
+            float(c.value) - b.mfs, gib(b.pre_min_bytes), gib(c.gain_bytes), c.rounding, c.gain_tokens,
+            b.cell_bytes, caveat),
+        gain_requests(a, c.gain_tokens))
+
+
+def _lower_mem_fraction(ctx: "Context", a: Analysis, found: Spare) -> Recommendation:
+    c, h = found.change, found.headroom
+    assert c is not None
+    where = "free after startup ({})".format(h.how) if ctx.live is None else "free ({})".format(h.how)
+    return Recommendation(
+        c.flag, c.value, c.gain_bytes, c.gain_tokens, "measured" if h.measured else "estimated",
+        "Only {} {}, below the {} margin: give {} back to runtime activations to avoid out-of-memory errors "
+        "under load.".format(gib(h.free_bytes), where, gib(ctx.options.margin_bytes), gib(-c.gain_bytes)),
+        gain_requests(a, c.gain_tokens))
 
 
 def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:
@@ -137,40 +121,53 @@ def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:
         gain_requests(a, tokens))
 
 
+HICACHE_POOL_RATIO = 2  # offline, the host tier is sized at twice the GPU pool (host RAM is not in a log)
+
+
 def hierarchical_cache(ctx: "Context") -> Iterator[Recommendation]:
-    """A host-RAM KV tier: sized from measured host RAM on a live node, from the pool offline."""
+    """A host-RAM KV tier: sized from host RAM now on a live node, from the pool offline. Only a
+    tier of at least MIN_HICACHE_GB per rank that adds MIN_GAIN_POOL_SHARE of the pool is advised."""
     a = ctx.analysis
     if not isinstance(a, Analysis) or a.failed is not None:
         return
+    if a.server_args.get("enable_hierarchical_cache") or a.server_args.get("enable_hicache"):
+        return
     if ctx.live is not None:
         off = host_offload(ctx.live)
-        if off is not None and not a.server_args.get("enable_hierarchical_cache"):
+        if off is not None:
             yield Recommendation(
-                "--enable-hierarchical-cache --hicache-size", str(off.size_gb), None, off.tokens, "measured",
-                "{} GB per rank of host RAM ({} ranks, SGLang's 10 GiB host reserve kept) holds {:,} tokens of "
-                "prefix cache per rank. It keeps more context reusable (shared prefixes, multi-turn); it does not "
-                "raise how many requests decode at once.".format(off.size_gb, off.ranks, off.tokens),
+                "--enable-hierarchical-cache --hicache-size", str(off.size_gb), None, off.tokens, "estimated",
+                "{} GB per rank of host RAM ({} ranks, SGLang's 10 GiB host reserve kept; one look at "
+                "MemAvailable) holds {:,} tokens of prefix cache per rank. It keeps more context reusable (shared "
+                "prefixes, multi-turn); it does not raise how many requests decode at once.".format(
+                    off.size_gb, off.ranks, off.tokens),
                 {"at_context_len": 0, "at_request_tokens": 0})
         return
-    args = a.server_args
-    if args.get("enable_hierarchical_cache") or args.get("enable_hicache"):
-        return
+    yield from _offline_hicache(a)
+
+
+def _offline_hicache(a: Analysis) -> Iterator[Recommendation]:
     r = next((x for x in a.ranks if x.target.kv_bytes is not None), None)
     t = a.summary.max_total_num_tokens
     if r is None or t is None or r.target.kv_bytes is None:
         return
-    ratio = 2.0
-    host_per_rank = int(r.target.kv_bytes * ratio)
-    ranks = max(1, len(a.ranks))
-    # --hicache-size is per rank and in decimal GB (mem_cache/memory_pool_host.py: size × 1e9).
+    host_per_rank = r.target.kv_bytes * HICACHE_POOL_RATIO
+    # --hicache-size is per rank and in decimal GB (mem_cache/memory_pool_host.py: size × 1e9);
+    # every figure below is that value's, so the text and the flag say the same size.
     size_gb = math.ceil(host_per_rank / 1e9)
+    cell = a.budget.cell_bytes
+    tokens = size_gb * 10**9 // cell if cell else t * HICACHE_POOL_RATIO
+    ranks = max(1, len(a.ranks))
+    if size_gb < MIN_HICACHE_GB or not worth_it(tokens, t):
+        return
     yield Recommendation(
-        "--enable-hierarchical-cache --hicache-size", str(size_gb), None, int(t * ratio), "estimated",
-        "A host-RAM tier of {:.0f} GB per rank ({:.0f} GB for {} ranks, plus SGLang's 10 GiB host reserve) "
-        "keeps ~{:,} more tokens of prefix cache. It does not add concurrent GPU requests: it saves "
-        "recomputing shared prefixes and long multi-turn contexts. Host RAM is not visible in a log; "
-        "`kvforensics inspect` on the node sizes this from measured free RAM.".format(
-            host_per_rank / 1e9, host_per_rank * ranks / 1e9, ranks, int(t * ratio)),
+        "--enable-hierarchical-cache --hicache-size", str(size_gb), None, tokens, "estimated",
+        "A host-RAM tier of {} GB per rank (decimal GB, as --hicache-size reads it: {}× the {} GPU pool = {:.2f} "
+        "GB, rounded up), {} GB for {} ranks plus SGLang's 10 GiB host reserve, keeps ~{:,} more tokens of prefix "
+        "cache per rank. It does not add concurrent GPU requests: it saves recomputing shared prefixes and long "
+        "multi-turn contexts. Host RAM is not visible in a log; `kvforensics inspect` on the node sizes this "
+        "from the free RAM there.".format(size_gb, HICACHE_POOL_RATIO, gib(r.target.kv_bytes), host_per_rank / 1e9,
+                                          size_gb * ranks, ranks, tokens),
         {"at_context_len": 0, "at_request_tokens": 0})
 
 
@@ -186,7 +183,7 @@ def max_running_requests(a: Analysis) -> Iterator[Recommendation]:
         "The KV pool holds {:,} requests of {:,} tokens but only {:,} may run at once. Raising the limit "
         "uses the pool you already have; the req_to_token table grows by {} per extra slot.".format(
             fit, a.options.request_tokens, s.max_running_requests,
-            gib(4 * (s.context_len or 0))),
+            gib(4 * s.context_len) if s.context_len else "4 B × context_len"),
         {"at_context_len": 0, "at_request_tokens": fit - s.max_running_requests})
 
 
@@ -207,7 +204,7 @@ def cuda_graph_max_bs(a: Analysis) -> Iterator[Recommendation]:
         return
     kept = [x for x in sizes if x <= s.max_running_requests]
     saved = int(r.target.graph_bytes * (1 - len(kept) / len(sizes)))
-    if saved < 64 << 20:
+    if saved < 64 << 20 or not worth_it(saved // a.budget.cell_bytes, s.max_total_num_tokens):
         return
     yield Recommendation(
         "--cuda-graph-max-bs", str(s.max_running_requests), saved, saved // a.budget.cell_bytes, "estimated",

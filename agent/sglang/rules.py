@@ -71,11 +71,13 @@ def startup_failed(a: Analysis) -> Iterator[Finding]:
         detail += " Requested {:.2f} GB, free {:.2f} GB (decimal GB, per rank).".format(
             f.data["requested_bytes"] / 1e9, f.data["free_bytes"] / 1e9)
     free, at = a.last_free_seen()
+    proof = "{}{} ({}{})".format(f.message[:1].upper(), f.message[1:], f.rank + " " if f.rank else "", f.where)
     if free is not None and f.cause not in ("host_memory_short",):
         detail += " The last free figure before it: {} ({}); that memory was not left over, the startup died.".format(
             gib(free), at)
+        proof += "; last free figure {} ({})".format(gib(free), at)
     yield Finding("startup_failed", "critical", "The startup failed during {}: {}".format(stage, explain), detail,
-                  None, (f.where,))
+                  None, (f.where,), proof=proof)
 
 
 def incomplete_startup(a: Analysis) -> Iterator[Finding]:
@@ -92,12 +94,17 @@ def incomplete_startup(a: Analysis) -> Iterator[Finding]:
     free, at = a.last_free_seen()
     seen = " The last free figure, {} ({}), is what was free then, not after startup.".format(gib(free), at) \
         if free is not None else ""
+    not_shown = ", ".join(missing) or "the scheduler summary"
+    last = "last free figure {} ({}); ".format(gib(free), at) if free is not None else ""
     yield Finding("incomplete_startup", "info", title,
                   "Not shown: {}.{} Graph capture, the draft model or a crash may come later, so this report makes "
                   "no unused-memory verdict and recommends no --mem-fraction-static raise. To settle it, include the "
                   "startup from `server_args=` to the `max_total_num_tokens=` summary line, or run `kvforensics "
-                  "inspect` on the node.".format(", ".join(missing) or "the scheduler summary", seen),
-                  None, (where(p.last_event),) if p.last_event is not None else ())
+                  "inspect` on the node.".format(not_shown, seen),
+                  None, (where(p.last_event),) if p.last_event is not None else (),
+                  proof="{}not shown: {}".format(last, not_shown),
+                  action="paste the startup from `server_args=` to the `max_total_num_tokens=` line, or run "
+                         "`kvforensics inspect` on the node")
 
 
 def mem_fraction_semantics(a: Analysis) -> Iterator[Finding]:
@@ -126,7 +133,11 @@ def mem_fraction_semantics(a: Analysis) -> Iterator[Finding]:
     evidence = _ev(r, "pre_load_avail_bytes", "post_load_avail_bytes", "kv_bytes")
     if a.server_args_source:
         evidence = (a.server_args_source + ": server_args",) + evidence
-    yield Finding("mem_fraction_semantics", "info", title, detail, reserve, evidence)
+    proof = "(1 − {:g}) × {} = {} reserve; {} − {} = {} for KV".format(
+        f, gib(pre), gib(reserve), gib(post), gib(reserve), gib(post - reserve))
+    if kv is not None:
+        proof += " (logged {})".format(gib(kv))
+    yield Finding("mem_fraction_semantics", "info", title, detail, reserve, evidence, proof=proof)
 
 
 def reserve_breakdown(a: Analysis) -> List[Tuple[str, int, str]]:
