@@ -592,6 +592,35 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
     return rows
 
 
+SORT_KEYS = ("unused", "host", "status")
+
+
+def sort_results(results: Sequence[Any], key: Optional[str]) -> List[Any]:
+    """--sort: most unused memory first, by host name, or worst status first (failures, partial, ok);
+    stable, so ties keep the order given."""
+    if key is None:
+        return list(results)
+    if key == "host":
+        return sorted(results, key=lambda r: r.target.split(":", 1)[-1])
+    if key == "status":
+        order = {"ok": 2, "partial": 1}
+        return sorted(results, key=lambda r: order.get(r.status, 0))
+    return sorted(results, key=lambda r: -(_unused(r) or 0))
+
+
+def _unused(r: Any) -> Optional[int]:
+    if isinstance(r, TargetFailure):
+        return None
+    return next((f.bytes for f in r.findings if f.code == "unused_gpu_memory"), None)
+
+
+def render_oneline(results: Sequence[Any]) -> str:
+    """One tab-separated line per target (host, status, GPUs, engine, model, KV tokens, unused GiB, worst
+    finding), with a header: for grep, sort and awk over a fleet."""
+    header = "\t".join(col.header for col in FLEET_COLUMNS)
+    return "\n".join([header] + ["\t".join(row) for row in fleet_rows(results)]) + "\n"
+
+
 def render_fleet(results: Sequence[Any], color: bool = True, width: int = 110) -> str:
     """The fleet summary table; ``results`` holds Inspections and failed targets, in order."""
     buf, c = console(color, width)

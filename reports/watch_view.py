@@ -24,6 +24,9 @@ def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: f
     if usage is not None:
         caption = "KV usage {:.0%} · running {} · queued {} · ".format(
             usage, _count(running), _count(queued)) + caption
+    if not insp.gpus:  # say what is missing in a sentence, not inside the table's sparkline column
+        why = "; ".join(p.message for p in insp.problems[:2]) or "NVML reports no GPUs"
+        return "kvforensics watch · {}\n  No GPUs to watch: {}.\n  {}".format(insp.target, why, caption)
     table = Table(title="kvforensics watch · {}".format(insp.target), caption=caption, title_justify="left")
     for col, just in (("GPU", "right"), ("rank", "left"), ("used GiB", "right"), ("free GiB", "right"),
                       ("free, last {} looks".format(max(len(h) for h in history.values()) if history else 0), "left")):
@@ -32,6 +35,4 @@ def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: f
         table.add_row(str(g.index), g.rank or "—", "—" if g.used_bytes is None else "{:.2f}".format(g.used_bytes / GIB),
                       "—" if g.free_bytes is None else "{:.2f}".format(g.free_bytes / GIB),
                       sparkline(list(history.get(g.index, [])), width=30))
-    if not insp.gpus:
-        table.add_row("—", "—", "—", "—", "no GPUs visible (" + "; ".join(p.message for p in insp.problems[:1]) + ")")
     return table

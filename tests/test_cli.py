@@ -142,3 +142,27 @@ def test_version_and_short_help():
 def test_shell_completion_is_installable():
     code, out, err = run_cli(["--help"])
     assert "--install-completion" in out and "--show-completion" in out
+
+
+@pytest.mark.parametrize("margin, ok", [("2GiB", True), ("512MiB", True), ("1.5", True), ("2G", True),
+                                        ("inf", False), ("1e308", False), ("nan", False), ("2 parsecs", False)])
+def test_margin_takes_sizes_with_units(margin, ok):
+    code, out, err = run_cli(["analyze", str(SEED_LOG), "--margin", margin, "--fail-on", "never", "--format", "json"])
+    assert (code == 0) is ok, err
+    if not ok:
+        assert err.startswith("kvforensics: error: --margin") and err.count("\n") == 1
+
+
+def test_help_has_readable_metavars():
+    code, out, err = run_cli(["inspect", "--help"])
+    assert "<str>" not in out and "<list[str]>" not in out and "{" not in out.split("\n")[0]
+    assert "--hosts-file FILE" in out and "--margin SIZE" in out and "[HOST…]" in out
+
+
+def test_oneline_and_sort():
+    bundle = str(ROOT / "examples" / "seed-node.json")
+    code, out, err = run_cli(["inspect", "--from", bundle, "--format", "oneline", "--sort", "unused"])
+    header, row = out.strip().split("\n")
+    assert header.split("\t")[0] == "host" and row.split("\t")[1] == "ok" and len(row.split("\t")) == 8
+    assert run_cli(["inspect", "--from", bundle, "--sort", "nope"])[0] == 2
+    assert run_cli(["inspect", "--identity", "/nonexistent/key", "somehost"])[0] == 2

@@ -465,3 +465,30 @@ def test_a_killed_writer_leaves_no_temp_file_behind(node, tmp_path):
     stale.write_text("half")
     _record(tmp_path / "h.db", prom)
     assert prom.exists() and not stale.exists()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_watch_in_a_real_terminal_redraws_and_leaves_on_ctrl_c(node, tmp_path):
+    """As a person would: watch in tmux at 80 columns, two redraws, Ctrl-C, the shell prompt back."""
+    sock = str(tmp_path / "tmux.sock")
+    env = dict(node.env(), PYTHONPATH=str(ROOT), COLUMNS="80")
+    done_flag = tmp_path / "done"
+    command = "{} -m agent watch --interval 0.3 --no-http --nvml-lib {}; echo rc=$? > {}".format(
+        sys.executable, FAKE_LIB, done_flag)
+    subprocess.run(["tmux", "-S", sock, "new-session", "-d", "-x", "80", "-y", "30", command], env=env, check=True)
+    try:
+        screens = []
+        deadline = time.time() + 30
+        while time.time() < deadline and len({s for s in screens if "kvforensics watch" in s}) < 2:
+            time.sleep(0.4)
+            screens.append(subprocess.run(["tmux", "-S", sock, "capture-pane", "-p"], capture_output=True,
+                                          text=True).stdout)
+        assert any("kvforensics watch" in s and "TP0" in s for s in screens), screens[-1:]
+        assert all(len(line) <= 80 for s in screens for line in s.splitlines())
+        subprocess.run(["tmux", "-S", sock, "send-keys", "C-c"], check=True)
+        deadline = time.time() + 20
+        while time.time() < deadline and not done_flag.exists():
+            time.sleep(0.2)
+        assert done_flag.read_text().strip() in ("rc=0", "rc=130")
+    finally:
+        subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)

@@ -59,11 +59,40 @@ app.command("deploy-files", short_help="Write the cron line, systemd units and a
 app.command("schema", short_help="Print a published JSON Schema (report, snapshot, history).")(deploy.schema)
 
 
+# What --help shows for each value (typer's defaults read <str>, <list[str]>, {log}).
+METAVARS = {
+    "--hosts-file": "FILE", "--save": "FILE", "--from": "FILE", "--ssh-config": "FILE", "--db": "FILE",
+    "--prom-file": "FILE", "--output": "FILE", "--identity": "FILE", "--nvml-lib": "PATH", "--model-config": "PATH",
+    "--log": "SPEC", "--request-tokens": "N", "--startup": "N", "--parallel": "N", "--samples": "N", "--count": "N",
+    "--timeout": "SECONDS", "--interval": "SECONDS", "--engine": "PORT", "--fail-on": "SEVERITY",
+    "--format": "FORMAT", "--keep": "DURATION", "--since": "DURATION", "--sort": "KEY",
+    "targets": "HOST…", "log": "LOG",
+}
+
+
+def _readable_metavars(command) -> None:  # type: ignore[no-untyped-def]
+    for param in getattr(command, "params", ()):
+        names = list(getattr(param, "opts", ())) + [param.name or ""]
+        label = next((METAVARS[n] for n in names if n in METAVARS), None)
+        if label is not None and not getattr(param, "is_flag", False):
+            param.metavar = label
+        if getattr(param, "param_type_name", "") == "argument":
+            # "LOG", "[HOST…]..." like every other tool, not typer's "{log}" and "<list[str]>"
+            param.display_type_rich = lambda ctx: None
+            shown = param.metavar or (param.name or "").upper()
+            usage = shown if param.required else "[{}]".format(shown)
+            param.get_usage_pieces = lambda ctx, usage=usage: [usage]
+    for sub in getattr(command, "commands", {}).values():
+        _readable_metavars(sub)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point: run the app, map every outcome to a documented exit code."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        result = app(args=args, prog_name="kvforensics", standalone_mode=False)
+        command = typer.main.get_command(app)
+        _readable_metavars(command)
+        result = command.main(args=args, prog_name="kvforensics", standalone_mode=False)
         return int(result) if isinstance(result, int) else exitcodes.EXIT_OK
     except UsageProblem as exc:
         sys.stderr.write("kvforensics: error: {}\n".format(exc))

@@ -7,6 +7,7 @@ inspections), render (JSON, or the terminal's fleet table and reports), and the 
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple
@@ -90,6 +91,11 @@ def inspect(
     parallel: Annotated[int, typer.Option("--parallel", help="Hosts inspected at once.")] = 16,
     db: Db = None,
     engine: Engine = None,
+    identity: Annotated[Optional[str], typer.Option("--identity", "-i",
+                                                    help="A private key to try first for every host (like ssh "
+                                                         "-i).")] = None,
+    sort: Annotated[Optional[str], typer.Option("--sort", help="Order the targets: unused (most unused memory "
+                                                              "first), host, or status (failures first).")] = None,
     timeout: Annotated[float, typer.Option("--timeout",
                                            help="Deadline per host, in seconds (connect, authenticate, "
                                                 "probe).")] = 30.0,
@@ -101,7 +107,7 @@ def inspect(
         margin=margin, request_tokens=request_tokens, nvml_lib=nvml_lib, log=log, startup=startup,
         model_config=model_config, save=save, from_file=from_file, http=http, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, parallel=parallel, db=db, engine=engine, timeout=timeout,
-        color=color)
+        color=color, identity=identity, sort=sort)
     entries = _collect(settings)
     results = _analyse(settings, entries)
     _render(settings, results)
@@ -129,6 +135,7 @@ class InspectSettings:
     accept_new_host_keys: bool
     parallel: int
     timeout: float
+    identity: Optional[str]
     # How snapshots are analysed and reported.
     db: Optional[str]
     opts: Options
@@ -136,6 +143,7 @@ class InspectSettings:
     fmt: str  # terminal | json | markdown
     detail: bool
     color: Optional[bool]
+    sort: Optional[str]
 
     def probe_options(self) -> Dict[str, Any]:
         """The probe's keyword arguments: snapshot.collect's here, shipped as JSON to remote hosts."""
@@ -147,7 +155,8 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
               margin: float, request_tokens: int, nvml_lib: Optional[str], log: Optional[str], startup: int,
               model_config: Optional[str], save: Optional[str], from_file: Optional[str], http: bool,
               ssh_config: Optional[str], accept_new_host_keys: bool, parallel: int, db: Optional[str],
-              engine: Optional[int], timeout: float, color: Optional[bool]) -> InspectSettings:
+              engine: Optional[int], timeout: float, color: Optional[bool], identity: Optional[str],
+              sort: Optional[str]) -> InspectSettings:
     """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)
     opts = analysis_options(margin, request_tokens)
@@ -155,6 +164,10 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
         raise UsageProblem("--parallel must be 1–1024 and --timeout 0–86400 seconds")
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
+    if sort is not None and sort not in ("unused", "host", "status"):
+        raise UsageProblem("--sort takes unused, host or status")
+    if identity is not None and not os.path.isfile(os.path.expanduser(identity)):
+        raise UsageProblem("--identity {}: no such key file".format(identity))
     check_log_spec(log)
     names = _target_names(targets, hosts_file)
     if from_file is not None and names:
@@ -164,8 +177,8 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     return InspectSettings(
         names=tuple(names), from_file=from_file, save=save, nvml_lib=nvml_lib, log=log, startup=startup,
         model_config=model_config, http=http, engine=engine, ssh_config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, db=db, opts=opts,
-        level=level, fmt=fmt, detail=detail, color=color)
+        accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, identity=identity, db=db,
+        opts=opts, level=level, fmt=fmt, detail=detail, color=color, sort=sort)
 
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
@@ -237,7 +250,7 @@ def _collect_remote(remote: List[str], settings: InspectSettings) -> Dict[str, L
     from agent import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
 
     fleet_options = fleet.FleetOptions(settings.probe_options(), settings.ssh_config, settings.accept_new_host_keys,
-                                       settings.parallel, settings.timeout)
+                                       settings.parallel, settings.timeout, settings.identity)
     from agent.ssh import SshError
 
     done, stop = fleet.progress_printer(len(remote))
@@ -305,9 +318,14 @@ def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> O
 def _render(settings: InspectSettings, results: List[Result]) -> None:
     """JSON, or the fleet table (several targets) and full reports (one target, or --detail); then, on
     stderr, the targets that gave nothing."""
+    from reports.terminal import render_oneline, sort_results
+
+    results = sort_results(results, settings.sort)
     inspections = _inspections(results)
     detailed = inspections if settings.detail or len(results) == 1 else []
-    if settings.fmt == "json":
+    if settings.fmt == "oneline":
+        sys.stdout.write(render_oneline(results))
+    elif settings.fmt == "json":
         from reports import json_report
 
         sys.stdout.write(json_report.render_results(results))

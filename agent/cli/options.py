@@ -11,6 +11,7 @@ inside the checks so ``--help`` stays fast.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from typing import TYPE_CHECKING, Annotated, List, Optional
@@ -25,14 +26,15 @@ if TYPE_CHECKING:
 SEVERITY_CHOICES = ("info", "warning", "error", "critical", "never")
 
 # Defaults that must agree wherever the option is taken.
-MARGIN_GIB = 2.0
+MARGIN_GIB = "2GiB"
 MAX_MARGIN_GIB = 1024.0  # more than any GPU has
 REQUEST_TOKENS = 8192
 FAIL_ON = "warning"
 
 # The analysis: analyze, inspect and record.
-Margin = Annotated[float, typer.Option("--margin",
-                                       help="GiB to keep free for runtime activations when sizing recommendations.")]
+Margin = Annotated[str, typer.Option("--margin", metavar="SIZE",
+                                     help="Memory to keep free for runtime activations when sizing recommendations: "
+                                          "2GiB, 512MiB, 1.5 (GiB when no unit).")]
 RequestTokens = Annotated[int, typer.Option("--request-tokens",
                                             help="Tokens per request (prompt + output) for concurrency estimates.")]
 ModelConfig = Annotated[Optional[str], typer.Option("--model-config",
@@ -43,10 +45,11 @@ Startup = Annotated[int, typer.Option("--startup",
                                       help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
 
 # The report: analyze and inspect.
-FORMATS = ("terminal", "json", "markdown")
+FORMATS = ("terminal", "json", "markdown", "oneline")
 ReportFormat = Annotated[Optional[str], typer.Option("--format",
-                                                     help="terminal (default), json (schema kvforensics.report/1) or "
-                                                          "markdown (for tickets and chat).")]
+                                                     help="terminal (default), json (schema kvforensics.report/1), "
+                                                          "markdown (for tickets and chat) or oneline (one "
+                                                          "tab-separated line per target, for grep and sort).")]
 ReportJson = Annotated[bool, typer.Option("--json", help="Print the JSON report: the same as --format json.")]
 FailOn = Annotated[str, typer.Option("--fail-on",
                                      help="Exit 1 when a finding is at least this severe: info, warning, error, "
@@ -96,15 +99,30 @@ def fail_level(fail_on: str) -> Optional[int]:
     return None if fail_on == "never" else severity_rank(fail_on)
 
 
-def analysis_options(margin: float, request_tokens: int) -> "Options":
+_SIZE_UNITS = {"": 1 << 30, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+               "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*$")
+
+
+def parse_size(text: str, option: str) -> int:
+    """'2GiB', '512MiB', '2G' (binary), '2GB' (decimal), '1.5' (GiB) → bytes; one-line usage error."""
+    m = _SIZE.match(str(text).lower())
+    if m is None or m.group(2) not in _SIZE_UNITS:
+        raise UsageProblem("{} takes a size such as 2GiB, 512MiB or 1.5 (GiB), not {!r}".format(option, text))
+    value = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    if not 0 <= value <= MAX_MARGIN_GIB * (1 << 30):
+        raise UsageProblem("{} must be from 0 to {:g} GiB".format(option, MAX_MARGIN_GIB))
+    return int(value)
+
+
+def analysis_options(margin: str, request_tokens: int) -> "Options":
     """--margin and --request-tokens, checked, as analysis Options."""
     from agent.records import Options
 
-    if not 0 <= margin <= MAX_MARGIN_GIB:  # also NaN (every comparison fails) and infinity
-        raise UsageProblem("--margin must be a number of GiB from 0 to {:g}".format(MAX_MARGIN_GIB))
+    margin_bytes = parse_size(margin, "--margin")
     if not 0 < request_tokens <= 10**9:
         raise UsageProblem("--request-tokens must be a positive number of tokens")
-    return Options(margin_bytes=int(margin * (1 << 30)), request_tokens=request_tokens)
+    return Options(margin_bytes=margin_bytes, request_tokens=request_tokens)
 
 
 def check_log_spec(log: Optional[str]) -> None:
