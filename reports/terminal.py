@@ -145,6 +145,9 @@ def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -
 
 def _render_one(console: "object", a: Analysis, live: bool = False) -> None:
     """The log analysis; with ``live`` the findings and recommendations come from the caller."""
+    if getattr(a, "engine", "sglang") == "vllm":
+        _render_vllm(console, a, live)
+        return
     _header(console, a, live)
     groups = collapse(a.ranks)
     if groups:
@@ -189,6 +192,50 @@ def _header(c: "object", a: Analysis, live: bool) -> None:
                               _gib(s.startup_avail_bytes), s.source))
     for p in a.problems:
         c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
+
+
+_VLLM_COLUMNS = (("total", "total_gpu_bytes"), ("budget T·u", "requested_bytes"), ("weights", "weights_bytes"),
+                 ("non-torch", "non_torch_bytes"), ("activation", "activation_peak_bytes"),
+                 ("graphs", "cuda_graph_bytes"), ("KV", "available_kv_bytes"))
+
+
+def _render_vllm(c: "object", a: Any, live: bool) -> None:
+    """A vLLM analysis: header, a per-worker ledger (GiB, — where the log has no figure), findings."""
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text()
+    if not live:
+        head.append("kvforensics ", style="bold")
+        head.append(a.target, style="bold cyan")
+        head.append("  ")
+    head.append("vLLM {} (from line formats{})".format(a.era.hint or "?", ", era " + a.era.name if a.era.name else ""))
+    c.print(head)  # type: ignore[attr-defined]
+    facts = ["{} worker(s)".format(len(a.ranks))]
+    if a.kv_cache_tokens is not None:
+        facts.append("GPU KV cache {:,} tokens".format(a.kv_cache_tokens))
+    if a.gpu_blocks is not None:
+        facts.append("{:,} GPU blocks".format(a.gpu_blocks))
+    if a.max_concurrency:
+        facts.append("max concurrency {:.2f}x at {:,} tokens".format(a.max_concurrency["times"],
+                                                                     a.max_concurrency["tokens_per_request"]))
+    c.print("  " + " · ".join(facts))  # type: ignore[attr-defined]
+    for p in a.problems:
+        c.print(Text("  ! {}: {}".format(p.code, p.message), style="yellow"))  # type: ignore[attr-defined]
+    if a.ranks:
+        table = Table(show_edge=False, pad_edge=False)
+        table.add_column("worker")
+        table.add_column("u", justify="right")
+        for label, _ in _VLLM_COLUMNS:
+            table.add_column(label, justify="right")
+        for w in a.ranks:
+            u = w.gpu_memory_utilization
+            table.add_row(w.rank or "(no prefix)", "—" if u is None else "{:g}".format(u),
+                          *[_gib(getattr(w, key)) for _, key in _VLLM_COLUMNS])
+        c.print(table)  # type: ignore[attr-defined]
+    if not live:
+        _findings(c, a.findings)
+        _recommendations(c, a.recommendations, a.max_model_len, a.options.request_tokens)
 
 
 def _count(n: Optional[int]) -> str:

@@ -268,7 +268,7 @@ FORMATS = (
                always("0.8.0", None, "'GPU KV cache size: N tokens' (V1)"))),
     _row("concurrency", "concurrency", "Maximum concurrency for", r"^Maximum concurrency for", _concurrency,
          first(when(_has(","), "0.8.0", None, "'Maximum concurrency' with a comma-grouped length"),
-               always("0.6.3", "0.9.0", "'Maximum concurrency for N tokens' (plain length)"))),
+               always("0.6.3", "0.10.2", "'Maximum concurrency for N tokens' (plain length)"))),
     _row("graph_begin_old", "graph_begin", "Capturing the model for CUDA graphs",
          r"^Capturing the model for CUDA graphs", _empty, always(*_V0_GRAPH_BEGIN)),
     _row("graph_begin", "graph_begin", "Capturing cudagraphs for decoding", r"^Capturing cudagraphs for decoding",
