@@ -4,7 +4,7 @@ and a live node answer (is memory unused, are ranks unbalanced, what bounds conc
 Each rule is one function of the ``Context``: with a live node it measures (NVML now, or the
 engine run's recorded low-water mark); from a log alone it uses the startup's own figures. The
 engine's analysis is read through a small protocol every engine provides: ``failed``,
-``headroom()``, ``budget.cell_bytes``, ``server_args``, ``summary`` (``max_total_num_tokens``,
+``headroom()``, ``kv_change(delta)``, ``budget.cell_bytes``, ``server_args``, ``summary`` (``max_total_num_tokens``,
 ``max_running_requests``, ``context_len``, ``source``), ``ranks`` (``rank``, ``target.
 post_load_avail_bytes``, ``target.sources``) and ``engine_warnings(kind)`` ((text, evidence) pairs).
 """

@@ -18,6 +18,8 @@ from agent.live import Inspection
 from agent.records import Finding, Options, Recommendation, most_severe_first
 from agent.sglang import recommend as sglang_recommend
 from agent.sglang import rules as sglang_rules
+from agent.vllm import recommend as vllm_recommend
+from agent.vllm import rules as vllm_rules
 
 
 @dataclass(frozen=True)
@@ -45,27 +47,41 @@ Rule = Callable[[Context], Iterable[Finding]]
 Recommender = Callable[[Context], Iterable[Recommendation]]
 
 
-def _on_startup(rule: Callable[[object], Iterable[Finding]]) -> Rule:
-    """An engine rule over the startup analysis alone: silent without one."""
+def _engine(a: object) -> str:
+    return getattr(a, "engine", "sglang")
+
+
+def _on_startup(rule: Callable[[object], Iterable[Finding]], engine: str = "sglang") -> Rule:
+    """An engine rule over the startup analysis alone: silent without one, or on another engine's."""
     def run(ctx: Context) -> Iterable[Finding]:
-        return rule(ctx.analysis) if ctx.analysis is not None else ()
+        return rule(ctx.analysis) if ctx.analysis is not None and _engine(ctx.analysis) == engine else ()
     run.__name__ = getattr(rule, "__name__", "rule")
+    return run
+
+
+def _for_engine(rec: Recommender, engine: str) -> Recommender:
+    def run(ctx: Context) -> Iterable[Recommendation]:
+        return rec(ctx) if ctx.analysis is None or _engine(ctx.analysis) == engine else ()
+    run.__name__ = getattr(rec, "__name__", "recommender")
     return run
 
 
 # The truth about the startup itself (failed, or only a fragment) opens the report, whatever
 # the severities below it.
-HEADLINES: List[Rule] = [_on_startup(r) for r in sglang_rules.HEADLINES]
+HEADLINES: List[Rule] = [_on_startup(r) for r in sglang_rules.HEADLINES] + [
+    _on_startup(r, "vllm") for r in vllm_rules.HEADLINES]
 
 RULES: List[Rule] = [
     node_rules.nvml_unavailable, node_rules.gpu_lost, node_rules.engine_not_found, node_rules.engine_log_missing,
     *[_on_startup(r) for r in sglang_rules.RULES],
+    *[_on_startup(r, "vllm") for r in vllm_rules.RULES],
     node_rules.unused_gpu_memory, node_rules.foreign_gpu_process, node_rules.orphaned_gpu_memory,
     node_rules.other_pid_namespace,
     node_rules.rank_imbalance, node_rules.concurrency_bound, node_rules.host_ram_offload, node_rules.other_engines,
 ]
 
-RECOMMENDERS: List[Recommender] = list(sglang_recommend.RECOMMENDERS)
+RECOMMENDERS: List[Recommender] = [_for_engine(r, "sglang") for r in sglang_recommend.RECOMMENDERS] + [
+    _for_engine(r, "vllm") for r in vllm_recommend.RECOMMENDERS]
 
 
 def findings(ctx: Context) -> List[Finding]:

@@ -157,7 +157,7 @@ def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, start
     section["source"] = "{}:{}".format(kind, name)
     try:
         if kind == "file":
-            excerpt = read_log(name, startup)
+            excerpt = read_log(name, startup, engine="sglang")  # live discovery finds SGLang servers only
             chosen, notes = excerpt.startup, list(excerpt.notes)
             section.update(index=excerpt.index, count=excerpt.count, index_from_end=excerpt.index_from_end)
         else:

@@ -22,16 +22,26 @@ import sys
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, List, Optional, Tuple
+from typing import Any, BinaryIO, List, Optional, Tuple
 
 from collectors import lineformat
+from collectors.sglang import log as sglang_log
+from collectors.sglang import startups as sglang_startups
 from collectors.sglang.formats import FORMATS
-from collectors.sglang.log import parse_line
 from collectors.sglang.startups import Startup, StartupSegmenter
+from collectors.vllm import formats as vllm_formats
+from collectors.vllm import log as vllm_log
+from collectors.vllm import startups as vllm_startups
 
-# Every line the parser recognises contains one of these: the needles of the engine's
-# line-format rows, reduced to the fewest that still find every row (collectors/lineformat.py).
-KEYWORDS = lineformat.keywords(FORMATS)
+# Every line a parser recognises contains one of these: the needles of both engines' line-format
+# rows, reduced to the fewest that still find every row (collectors/lineformat.py).
+KEYWORDS = lineformat.keywords(tuple(FORMATS) + tuple(vllm_formats.FORMATS))
+ENGINES = ("sglang", "vllm")
+_PARSERS = {"sglang": sglang_log.parse_line, "vllm": vllm_log.parse_line}
+_SEGMENTERS = {"sglang": sglang_startups.StartupSegmenter, "vllm": vllm_startups.StartupSegmenter}
+_GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
+_ANCHORS = {"vllm": (b"Model loading took", b"Loading model weights took", b"Available KV cache memory")}
+SNIFF_BYTES = 4 << 20
 # Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
 # longer the skips of the reverse search: 29 bytes scan 2 GiB in 0.13 s, 17 bytes in 0.24 s.
 ANCHOR = b"Load weight begin. avail mem="
@@ -63,29 +73,78 @@ class LogExcerpt:
     count: Optional[int]  # startups in the file; None when the start of the file was not read
     window_start: int  # byte offset where reading began
     notes: Tuple[str, ...]  # what the reader could not do, in plain words
+    engine: str = "sglang"  # whose log it is: "sglang" or "vllm"
 
 
-def read_log(path: str, startup: int = -1, count_lines: bool = False) -> LogExcerpt:
-    """Read ``path`` (``-`` = stdin) and return startup ``startup`` (1-based, or -1 = last)."""
+class _Sink:
+    """One engine's parser and startup segmenter, fed the keyword lines; ``score`` counts the lines
+    only that engine prints (engine detection)."""
+
+    def __init__(self, engine: str, keep: Optional[int] = None) -> None:
+        self.engine = engine
+        self.parse = _PARSERS[engine]
+        self.seg = _SEGMENTERS[engine](keep=keep)
+        self.score = 0
+
+    def feed(self, raw: str, line: Optional[int], offset: int) -> None:
+        for ev in self.parse(raw, line, offset):
+            if ev.kind not in _GENERIC_KINDS or self._own_prefix(ev):
+                self.score += 1
+            self.seg.feed(ev)
+
+
+    def _own_prefix(self, ev: Any) -> bool:
+        """A traceback line still names its engine: SGLang's "[time TP0]" tag, vLLM's header or its own
+        process prefixes (another framework's Ray actor, e.g. verl's WorkerDict, is neither's)."""
+        if self.engine == "sglang":
+            return bool(ev.rank)
+        return "header" in ev.data or (ev.rank or "").startswith(_VLLM_PROCESSES)
+
+
+_VLLM_PROCESSES = ("EngineCore", "Worker_", "Worker pid", "VllmWorkerProcess", "RayWorkerWrapper", "RayWorkerProc")
+
+
+def _sinks(engine: str, keep: Optional[int]) -> List[_Sink]:
+    return [_Sink(e, keep) for e in ENGINES] if engine == "auto" else [_Sink(engine, keep)]
+
+
+def _winner(sinks: List[_Sink]) -> _Sink:
+    """The engine whose own line shapes the log holds most; SGLang on a tie (and for no startup)."""
+    best = sinks[0]
+    for s in sinks[1:]:
+        if s.score > best.score:
+            best = s
+    return best
+
+
+def read_log(path: str, startup: int = -1, count_lines: bool = False, engine: str = "auto") -> LogExcerpt:
+    """Read ``path`` (``-`` = stdin) and return startup ``startup`` (1-based, or -1 = last).
+
+    ``engine``: "sglang", "vllm", or "auto" (the engine whose own line shapes the log holds)."""
     if startup == 0:
         raise LogReadError("usage", "--startup counts from 1 (first) or from -1 (last); 0 is neither")
+    if engine not in ENGINES + ("auto",):
+        raise LogReadError("usage", "--engine-kind must be auto, sglang or vllm, not {!r}".format(engine))
     if path == "-":
-        return _from_stream(sys.stdin.buffer, "<stdin>", startup)
+        return _from_stream(sys.stdin.buffer, "<stdin>", startup, engine)
     _check_path(path)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO, <(cat log), a character device
-            return _from_pipe(path, startup)
+            return _from_pipe(path, startup, engine)
         with open(path, "rb") as f:
             magic = f.read(4)
             f.seek(0)
             if magic[:2] == b"\x1f\x8b":
-                return _from_stream(_Gunzip(f), path, startup)
+                return _from_stream(_Gunzip(f), path, startup, engine)
             if magic[:2] in (b"\xff\xfe", b"\xfe\xff") or _looks_utf16(magic):
-                return _from_stream(_Utf16AsUtf8(f, magic), path, startup)
+                return _from_stream(_Utf16AsUtf8(f, magic), path, startup, engine)
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise LogReadError("empty", "{}: the file is empty".format(path))
-            return _from_file(_Blocks(f, size), path, size, startup, count_lines)
+            src = _Blocks(f, size)
+            if engine == "auto":
+                engine = _sniff(src, size)
+            return _from_file(src, path, size, startup, count_lines, engine)
     except PermissionError:
         raise LogReadError("unreadable", "{}: permission denied (run as a user who can read it)".format(path)) from None
     except (OSError, EOFError, gzip.BadGzipFile) as exc:  # type: ignore[attr-defined]
@@ -106,7 +165,7 @@ FIFO_WAIT_S = 10.0
 STREAM_READ_BYTES = 256 << 10  # how long a pipe may stay silent before we say nothing writes to it
 
 
-def _from_pipe(path: str, which: int) -> LogExcerpt:
+def _from_pipe(path: str, which: int, engine: str = "auto") -> LogExcerpt:
     """A FIFO or process substitution: streamed like stdin. Opened without blocking, so a FIFO that
     nothing writes to is an error after FIFO_WAIT_S, not a hang."""
     import select
@@ -119,7 +178,7 @@ def _from_pipe(path: str, which: int) -> LogExcerpt:
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=True) as f:
             fd = -1
-            return _from_stream(f, path, which)
+            return _from_stream(f, path, which, engine)
     finally:
         if fd != -1:
             os.close(fd)
@@ -175,6 +234,21 @@ class _Utf16AsUtf8:
         return self._reader.read(n // 2).encode("utf-8")
 
 
+def _sniff(src: "_Blocks", size: int) -> str:
+    """The engine of a plain file, from its first and last few MiB."""
+    sinks = _sinks("auto", 1)
+    _scan_block(_whole_lines(src.read(0, min(size, SNIFF_BYTES))), 0, None, sinks)
+    if size > SNIFF_BYTES:
+        tail = src.read(max(SNIFF_BYTES, size - SNIFF_BYTES), SNIFF_BYTES)
+        _scan_block(tail[tail.find(b"\n") + 1:], 0, None, sinks)
+    return _winner(sinks).engine
+
+
+def _whole_lines(block: bytes) -> bytes:
+    cut = block.rfind(b"\n")
+    return block if cut == -1 else block[:cut + 1]
+
+
 def _one_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -182,7 +256,7 @@ def _one_line(exc: BaseException) -> str:
 # --- block scanning ------------------------------------------------------------------------
 
 
-def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], seg: StartupSegmenter) -> int:
+def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: List[_Sink]) -> int:
     """Parse the keyword lines of ``buf`` (whole lines only); return its newline count."""
     starts = set()
     for kw in KEYWORDS:
@@ -204,13 +278,13 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], seg: Sta
             line += buf.count(b"\n", prev, start)
             prev = start
         raw = buf[start:end].decode("utf-8", "replace")
-        for ev in parse_line(raw, None if line is None else line + 1, base_offset + start):
-            seg.feed(ev)
+        for sink in sinks:
+            sink.feed(raw, None if line is None else line + 1, base_offset + start)
     return buf.count(b"\n") if base_line is not None else 0
 
 
-def _from_stream(stream: BinaryIO, source: str, which: int) -> LogExcerpt:
-    seg = StartupSegmenter(keep=which)  # memory stays flat however many startups stream past
+def _from_stream(stream: BinaryIO, source: str, which: int, engine: str = "auto") -> LogExcerpt:
+    sinks = _sinks(engine, which)  # memory stays flat however many startups stream past
     offset = 0
     line = 0
     carry = b""
@@ -234,16 +308,17 @@ def _from_stream(stream: BinaryIO, source: str, which: int) -> LogExcerpt:
                 continue
         block, carry = data[:cut], data[cut:]
         saw_nul = saw_nul or b"\x00" in block[:8192]
-        line += _scan_block(block, offset, line, seg)
+        line += _scan_block(block, offset, line, sinks)
         offset += len(block)
     if carry:
         saw_nul = saw_nul or b"\x00" in carry[:8192]
-        _scan_block(carry, offset, line, seg)
+        _scan_block(carry, offset, line, sinks)
         offset += len(carry)
     if offset == 0:
         raise LogReadError("empty", "{}: the input is empty".format(source))
-    return _choose(seg.result(), source, which, complete=True, window_start=0,
-                   size=offset, notes=notes, binary=saw_nul)
+    win = _winner(sinks)
+    return _choose(win.seg.result(), source, which, complete=True, window_start=0,
+                   size=offset, notes=notes, binary=saw_nul, engine=win.engine)
 
 
 class _Blocks:
@@ -318,10 +393,11 @@ class _Blocks:
 
 
 def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int],
-                 keep: Optional[int] = None) -> Tuple[StartupSegmenter, List[str]]:
+                 keep: Optional[int] = None, engine: str = "sglang") -> Tuple[StartupSegmenter, List[str]]:
     """Parse forward from ``start`` until the startup holding ``anchor`` has ended (``keep``: see
     StartupSegmenter)."""
-    seg = StartupSegmenter(keep=keep)
+    sink = _Sink(engine, keep)
+    seg = sink.seg
     notes: List[str] = []
     pos = start
     line = base_line
@@ -332,7 +408,7 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
             cut = block.rfind(b"\n")
             if cut != -1:
                 block = block[:cut + 1]
-        counted = _scan_block(block, pos, line, seg)
+        counted = _scan_block(block, pos, line, [sink])
         if line is not None:
             line += counted
         pos += len(block)
@@ -348,14 +424,17 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
     return seg, notes
 
 
-def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool) -> LogExcerpt:
+def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool,
+               engine: str = "sglang") -> LogExcerpt:
     binary = b"\x00" in src.read(0, 8192)
     if which > 0 or size <= WHOLE_FILE_BYTES:
-        seg, whole_notes = _scan_window(src, 0, size, 0, keep=which)
-        return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary)
-    anchor = src.rfind(ANCHOR)
-    if anchor == -1:
-        anchor = src.rfind(b"server_args=")
+        seg, whole_notes = _scan_window(src, 0, size, 0, keep=which, engine=engine)
+        return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary, engine)
+    anchor = -1
+    for needle in _ANCHORS.get(engine, (ANCHOR, b"server_args=")):
+        anchor = src.rfind(needle)
+        if anchor != -1:
+            break
     notes: List[str] = []
     if anchor == -1:  # a fragment without a load line: read the tail only
         anchor = max(0, size - MAX_AFTER_ANCHOR_BYTES // 4)
@@ -369,7 +448,7 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
             base_line = 0
         elif count_lines or start <= LINE_COUNT_LIMIT_BYTES:
             base_line = src.count_newlines(start)
-        seg, window_notes = _scan_window(src, start, anchor, base_line)
+        seg, window_notes = _scan_window(src, start, anchor, base_line, engine=engine)
         startups = seg.result()
         first_whole = bool(startups) and _begins_cleanly(startups[0], start, back)
         if start == 0 or len(startups) > -which or (first_whole and len(startups) == -which):
@@ -380,7 +459,7 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
                      "(evidence gives byte offsets; --exact-lines counts them)".format(start / (1 << 30)))
     if start > 0 and not first_whole:
         startups = startups[1:]  # the window edge may have cut it: never report a partial startup
-    return _choose(startups, source, which, start == 0, start, size, tuple(notes + window_notes), binary)
+    return _choose(startups, source, which, start == 0, start, size, tuple(notes + window_notes), binary, engine)
 
 
 def _begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
@@ -391,8 +470,10 @@ def _begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
     later half of the window (a cut through a startup's first lines would leave a rank whose
     first line is something else).
     """
-    if startup.events[0].kind == "server_args":
+    if startup.events[0].kind in ("server_args", "engine_config", "args"):
         return True
+    if getattr(startup, "engine", "sglang") == "vllm":
+        return startup.first_offset - window_start >= back // 2
     if startup.first_offset - window_start < back // 2:
         return False
     seen = set()
@@ -406,10 +487,13 @@ def _begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
 
 
 def _choose(startups: List[Startup], source: str, which: int, complete: bool, window_start: int,
-            size: Optional[int], notes: Tuple[str, ...], binary: bool) -> LogExcerpt:
+            size: Optional[int], notes: Tuple[str, ...], binary: bool, engine: str = "sglang") -> LogExcerpt:
     if not startups:
         if binary:
             raise LogReadError("binary", "{}: this is not a text log (it contains NUL bytes)".format(source))
+        if engine == "vllm":
+            raise LogReadError("no_startup", "{}: no vLLM startup lines found (looked for 'Model loading took', "
+                               "'Available KV cache memory', '# GPU blocks', 'GPU KV cache size')".format(source))
         raise LogReadError("no_startup", "{}: no SGLang startup lines found (looked for 'Load weight', "
                            "'KV Cache is allocated', 'max_total_num_tokens=')".format(source))
     n = len(startups)
@@ -430,6 +514,7 @@ def _choose(startups: List[Startup], source: str, which: int, complete: bool, wi
         notes=notes if complete else notes + (
             "only the last {:.1f} MiB were read: {} startup(s) there; earlier ones were not counted".format(
                 ((size or 0) - window_start) / (1 << 20), n),),
+        engine=engine,
     )
 
 

@@ -315,13 +315,45 @@ def render(analyses: Sequence[Analysis], color: bool = True, width: int = 110) -
 
 
 def _render_analysis(c: Any, a: Analysis) -> None:
-
     say(c, "kvforensics " + a.target, style="bold")
     _verdict(c, a.verdict)
     _evidence_rule(c)
+    if getattr(a, "engine", "sglang") == "vllm":
+        _render_vllm(c, a)
+        _findings(c, a.findings)
+        _recommendations(c, a.recommendations, a.max_model_len, a.options.request_tokens)
+        return
     _render_one(c, a)
     _findings(c, a.findings)
     _recommendations(c, a.recommendations, a.summary.context_len, a.options.request_tokens)
+
+
+_VLLM_COLUMNS = (("total", "total_gpu_bytes"), ("budget T·u", "requested_bytes"), ("weights", "weights_bytes"),
+                 ("non-torch", "non_torch_bytes"), ("activation", "activation_peak_bytes"),
+                 ("graphs", "cuda_graph_bytes"), ("KV", "available_kv_bytes"))
+
+
+def _render_vllm(c: Any, a: Any) -> None:
+    """A vLLM analysis (agent/vllm/): header and a per-worker ledger (GiB; — where the log has no figure)."""
+    say(c, "vLLM {} (from line formats{})".format(a.era.hint or "?", ", era " + a.era.name if a.era.name else ""))
+    facts = ["{} worker(s)".format(len(a.ranks))]
+    if a.kv_cache_tokens is not None:
+        facts.append("GPU KV cache {:,} tokens".format(a.kv_cache_tokens))
+    if a.gpu_blocks is not None:
+        facts.append("{:,} GPU blocks".format(a.gpu_blocks))
+    if a.max_concurrency:
+        facts.append("max concurrency {:.2f}x at {:,} tokens".format(a.max_concurrency["times"],
+                                                                     a.max_concurrency["tokens_per_request"]))
+    say(c, " · ".join(facts), indent=2)
+    for p in a.problems:
+        say(c, "! {}: {}".format(p.code, p.message), indent=2, style="yellow")
+    if a.ranks:
+        columns = [Col("worker", priority=40, give=NOTES), Col("u", "right")] + [
+            Col(label, "right") for label, _ in _VLLM_COLUMNS]
+        rows = [[w.rank or "(no prefix)", "—" if w.gpu_memory_utilization is None else
+                 "{:g}".format(w.gpu_memory_utilization)] + [gib_cell(getattr(w, key)) for _, key in _VLLM_COLUMNS]
+                for w in a.ranks]
+        print_table(c, "Memory per worker (GiB)", columns, rows)
 
 
 def _render_one(c: Any, a: Analysis) -> None:

@@ -30,7 +30,8 @@ from agent.cli.options import (
 
 
 def analyze(
-    log: Annotated[str, typer.Argument(help="SGLang log: a file, a .gz file, or - for stdin.", show_default=False)],
+    log: Annotated[str, typer.Argument(help="SGLang or vLLM log: a file, a .gz file, or - for stdin.",
+                                       show_default=False)],
     startup: Startup = -1,
     model_config: ModelConfig = None,
     fmt: ReportFormat = None,
@@ -42,8 +43,11 @@ def analyze(
                                               help="Count line numbers even in huge logs (reads the whole "
                                                    "file).")] = False,
     color: Color = None,
+    engine_kind: Annotated[str, typer.Option("--engine-kind",
+                                             help="Whose log it is: auto (from its line shapes), sglang or "
+                                                  "vllm.")] = "auto",
 ) -> None:
-    """Explain an SGLang server's GPU memory from its startup log, offline."""
+    """Explain an SGLang or vLLM server's GPU memory from its startup log, offline."""
     from dataclasses import replace
 
     from agent.analyze import analyze_startup
@@ -57,7 +61,7 @@ def analyze(
     target = "file:" + log
     try:
         cfg = load_model_config(model_config) if model_config else None
-        excerpt = read_log(log, startup, count_lines=exact_lines)
+        excerpt = read_log(log, startup, count_lines=exact_lines, engine=engine_kind)
     except (LogReadError, ModelConfigError) as exc:
         message = getattr(exc, "message", str(exc))
         if fmt == "json":

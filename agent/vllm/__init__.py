@@ -1,0 +1,1 @@
+"""vLLM\x27s memory model, stages, rules and recommendations."""

@@ -1,0 +1,450 @@
+"""One vLLM startup's analysis: per-worker memory ledgers, the era's budget formula, the failure.
+
+Pure: no I/O. The era table (facts from the release wheels): ``u`` (--gpu-memory-utilization)
+always multiplies the device total ``T``; what is subtracted from ``T·u`` changed by release:
+
+* V0-a 0.3.3–0.6.3: ``KV = T·u − (init_free − free_after_profile)``; graphs outside the budget.
+* V0-b 0.6.4.x and V1-a (V1 ≤ 0.9.0): ``KV = T·u − torch_peak − non_torch`` (other processes in).
+* V0-c 0.6.5–0.10.2, V1-b 0.9.1–0.10.2, V1-c 0.11–0.17, V1-d 0.18–0.19: ``KV = T·u − (W + A + N)``;
+  graphs outside ``T·u`` (0.18–0.19 only log an estimate).
+* V1-e 0.20–0.26: ``KV = ceil(T·u) − (W + A + N) − G_est``: graphs inside; default u 0.92.
+* V1-f 0.27+: ``KV = ceil(T·u) − consumed − transient − G_est`` (free-delta accounting).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from agent.records import Finding, Options, Problem, Recommendation
+from agent.sglang.ledger import where
+from collectors.lineformat import Version
+from collectors.sglang.log import LogEvent
+from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES
+from collectors.vllm.startups import Startup
+
+ERAS = (  # (name, since, until, graphs inside the budget)
+    ("V0-a", (0, 3, 3), (0, 6, 3), False), ("V0-b", (0, 6, 4), (0, 6, 4), False),
+    ("V0-c", (0, 6, 5), (0, 10, 2), False), ("V1-a", (0, 6, 5), (0, 9, 0), False),
+    ("V1-b", (0, 9, 1), (0, 10, 2), False), ("V1-c", (0, 11, 0), (0, 17, 99), False),
+    ("V1-d", (0, 18, 0), (0, 19, 99), False), ("V1-e", (0, 20, 0), (0, 26, 99), True),
+    ("V1-f", (0, 27, 0), (99, 0, 0), True),
+)
+_V1_KINDS = ("available_kv", "kv_tokens", "graph_estimate", "graph_advisory", "suggestion", "graph_pool")
+_V1_FMTS = ("free_short", "maxlen_v1", "engine_failed")
+_V0_FMTS = ("profile_takes", "profile_budget", "profile_breakdown", "profile_global", "graph_begin",
+            "graph_begin_old", "maxlen_v0", "worker_died")
+STAGES = ("weights", "profiling", "kv_cache", "graph_capture", "ready")
+STAGE_WORDS = {"init": "worker init (the free-memory check)", "weights": "loading the weights",
+               "profiling": "the memory profiling run", "kv_cache": "sizing the KV cache",
+               "graph_capture": "CUDA graph capture", "ready": "engine ready", "unknown": "an unknown stage"}
+_STAGE_OF_KIND = {"weights": "weights", "profile_begin": "profiling", "budget": "profiling",
+                  "breakdown": "kv_cache", "global_profile": "kv_cache", "available_kv": "kv_cache",
+                  "blocks": "kv_cache", "kv_tokens": "kv_cache", "concurrency": "kv_cache",
+                  "graph_begin": "graph_capture", "graph_end": "graph_capture", "init_done": "ready"}
+_CAUSE_STAGE = {"insufficient_free_memory": "init", "max_model_len_too_large": "kv_cache",
+                "no_kv_memory": "kv_cache", "memory_freed_during_profiling": "profiling"}
+_FRAME_STAGE = (
+    (("init_device", "request_memory"), "init"),
+    (("load_model", "load_weights"), "weights"),
+    (("determine_num_available_blocks", "determine_available_memory", "profile_run", "_dummy_run",
+      "profile_num_available_blocks"), "profiling"),
+    (("get_kv_cache_config", "get_kv_cache_configs", "check_enough_kv_cache_memory", "initialize_cache",
+      "raise_if_cache_size_invalid", "_verify_args", "initialize_from_config"), "kv_cache"),
+    (("capture_model", "capture", "compile_or_warm_up_model", "capture_end"), "graph_capture"),
+)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker's memory, as its lines print it (bytes; None = not in the log)."""
+
+    rank: str  # the process prefix inside the parentheses ("Worker_TP0 pid=26347"), "" without one
+    total_gpu_bytes: Optional[int] = None
+    gpu_memory_utilization: Optional[float] = None
+    requested_bytes: Optional[int] = None
+    weights_bytes: Optional[int] = None
+    non_torch_bytes: Optional[int] = None
+    activation_peak_bytes: Optional[int] = None
+    cuda_graph_bytes: Optional[int] = None
+    cuda_graph_estimate_bytes: Optional[int] = None
+    available_kv_bytes: Optional[int] = None
+    kv_allocated_bytes: Optional[int] = None  # blocks × page bytes: needs the page size (not in the log)
+    free_at_start_bytes: Optional[int] = None
+    sources: Dict[str, str] = field(default_factory=dict)
+
+    # node_rules reads ranks through ``target.post_load_avail_bytes`` / ``target.sources``.
+    @property
+    def target(self) -> "Worker":
+        return self
+
+    @property
+    def post_load_avail_bytes(self) -> Optional[int]:
+        return None
+
+    @property
+    def kv_bytes(self) -> Optional[int]:
+        """The protocol's KV pool per rank: the KV memory vLLM made available."""
+        return self.available_kv_bytes
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The node_rules protocol's summary: vLLM prints no request-slot count, so these stay None."""
+
+    max_total_num_tokens: Optional[int] = None
+    max_running_requests: Optional[int] = None
+    context_len: Optional[int] = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Budget:
+    cell_bytes: Optional[int] = None  # KV bytes per token, when the log implies it
+
+
+@dataclass(frozen=True)
+class Era:
+    family: Optional[str]  # "V0" | "V1" | None
+    since: Optional[Version]
+    until: Optional[Version]
+    name: Optional[str]  # one of ERAS when the log pins it
+    graphs_inside: Optional[bool]  # CUDA graphs inside T·u (True from 0.20.0), None when unknown
+    clues: Tuple[str, ...]
+
+    @property
+    def hint(self) -> Optional[str]:
+        if self.since is None and self.until is None:
+            return self.family
+        lo = ".".join(map(str, self.since)) if self.since else "?"
+        hi = ".".join(map(str, self.until)) if self.until else "newest"
+        return "{} {}–{}".format(self.family or "vLLM", lo, hi)
+
+
+@dataclass(frozen=True)
+class Failure:
+    cause: str
+    stage: str
+    stage_source: str
+    message: str
+    rank: Optional[str]
+    event: LogEvent
+
+    @property
+    def data(self) -> Dict[str, Any]:
+        return self.event.data
+
+    @property
+    def line(self) -> Optional[int]:
+        return self.event.line
+
+    @property
+    def offset(self) -> int:
+        return self.event.offset
+
+    @property
+    def where(self) -> str:
+        return where(self.event)
+
+
+@dataclass(frozen=True)
+class Check:
+    """Predicted vs logged KV bytes for one worker (kv_budget_check)."""
+
+    rank: str
+    formula: str
+    predicted_bytes: Optional[int]
+    logged_bytes: Optional[int]
+    tolerance_bytes: int
+    evidence: Tuple[str, ...]
+
+    @property
+    def agrees(self) -> Optional[bool]:
+        if self.predicted_bytes is None or self.logged_bytes is None:
+            return None
+        return abs(self.predicted_bytes - self.logged_bytes) <= self.tolerance_bytes
+
+
+@dataclass(frozen=True)
+class Analysis:
+    target: str
+    status: str
+    problems: Tuple[Problem, ...]
+    era: Era
+    server_args: Dict[str, Any]
+    startup_index: Optional[int]
+    startup_count: Optional[int]
+    startup_first_line: Optional[int]
+    ranks: Tuple[Worker, ...]
+    kv_cache_tokens: Optional[int]
+    kv_cache_reports: Tuple[int, ...]
+    gpu_blocks: Optional[int]
+    cpu_blocks: Optional[int]
+    max_model_len: Optional[int]
+    kv_cache_dtype: Optional[str]
+    max_concurrency: Optional[Dict[str, Any]]
+    concurrency_source: str
+    checks: Tuple[Check, ...]
+    stages_seen: Tuple[str, ...]
+    last_event: Optional[LogEvent]
+    complete: bool
+    failure: Optional[Failure]
+    options: Options
+    events: Tuple[LogEvent, ...] = ()
+    findings: Tuple[Finding, ...] = ()
+    recommendations: Tuple[Recommendation, ...] = ()
+    engine: str = "vllm"
+    verdict: Optional[Any] = None  # agent/verdict.py: the answer first
+    summary: Summary = Summary()
+    budget: Budget = Budget()
+
+    @property
+    def failed(self) -> Optional[Failure]:
+        return self.failure
+
+    def binding(self) -> Optional[Worker]:
+        """The worker with the least KV memory: every worker gets the minimum's block count."""
+        known = [w for w in self.ranks if w.available_kv_bytes is not None]
+        return min(known, key=lambda w: w.available_kv_bytes or 0) if known else None
+
+    def graphs_outside_bytes(self) -> Tuple[int, bool]:
+        graphs = [w.cuda_graph_bytes for w in self.ranks if w.cuda_graph_bytes is not None]
+        return (max(graphs) if graphs else 0), bool(graphs)
+
+    def kv_change(self, delta_bytes: int) -> None:
+        """The protocol's flag change for a KV budget move: not offered for vLLM yet (its flag,
+        --gpu-memory-utilization, is advised by vLLM's own rules with the era's meaning)."""
+        return None
+
+    def headroom(self) -> Tuple[Optional[int], str]:
+        """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget.
+        Only from a complete startup whose worker printed T and u (the CUDA context, ~0.5 GiB, is
+        not in the log, so this is an upper bound)."""
+        if not self.complete or self.failure is not None:
+            return None, ""
+        best: Optional[Tuple[int, str]] = None
+        for w in self.ranks:
+            if w.total_gpu_bytes is None or w.requested_bytes is None:
+                continue
+            free = w.total_gpu_bytes - w.requested_bytes
+            how = "total_gpu_memory − the budget ({})".format(w.sources.get("requested_bytes", ""))
+            if self.era.graphs_inside is False and w.cuda_graph_bytes is not None:
+                free -= w.cuda_graph_bytes
+                how += " − the CUDA graph pool outside it ({})".format(w.sources.get("cuda_graph_bytes", ""))
+            if best is None or free < best[0]:
+                best = (free, how + ", estimated: the CUDA context (~0.5 GiB) is not in the log")
+        return best if best is not None else (None, "")
+
+    def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
+        return []
+
+
+# --- building ------------------------------------------------------------------------------
+
+_WORKER_FIELDS = {
+    "total_bytes": "total_gpu_bytes", "utilization": "gpu_memory_utilization", "requested_bytes": "requested_bytes",
+    "weights_bytes": "weights_bytes", "non_torch_bytes": "non_torch_bytes", "activation_bytes": "activation_peak_bytes",
+    "graph_bytes": "cuda_graph_bytes", "estimate_bytes": "cuda_graph_estimate_bytes",
+    "available_kv_bytes": "available_kv_bytes", "free_bytes": "free_at_start_bytes",
+}
+_WORKER_KINDS = ("weights", "budget", "breakdown", "global_profile", "available_kv", "graph_end", "graph_estimate",
+                 "graph_pool", "graph_advisory", "suggestion")
+
+
+def _workers(events: Tuple[LogEvent, ...]) -> Tuple[Worker, ...]:
+    per: Dict[str, Dict[str, Any]] = {}
+    order: List[str] = []
+    for ev in events:
+        is_free_check = ev.kind == "failure" and ev.fmt in ("free_short", "maxlen_v1")
+        if ev.kind not in _WORKER_KINDS and not is_free_check:
+            continue
+        rank = ev.rank or ""
+        if rank not in per:
+            per[rank] = {"sources": {}}
+            order.append(rank)
+        w = per[rank]
+        for key, value in ev.data.items():
+            name = _WORKER_FIELDS.get(key)
+            if name is None or value is None:
+                continue
+            if ev.kind == "breakdown" and key == "weights_bytes":
+                continue
+            if name == "weights_bytes" and ev.kind != "weights" and "weights_bytes" in w:
+                continue  # the weights line's 4 decimals beat a profiling message's 2
+            w[name] = value
+            w["sources"][name] = "{} ({})".format(where(ev), ev.data.get("header") or ev.fmt)
+        if ev.kind == "breakdown" and "weights_bytes" not in w:
+            w["weights_bytes"] = ev.data["profile_weights_bytes"]
+            w["sources"]["weights_bytes"] = where(ev)
+        if ev.kind == "global_profile":
+            d = ev.data
+            w["requested_bytes"] = int(d["total_bytes"] * d["utilization"])
+            w["activation_peak_bytes"] = d["peak_torch_bytes"]  # torch peak, weights included (0.6.4.x)
+            w["sources"]["requested_bytes"] = "total_gpu_memory × gpu_memory_utilization ({})".format(where(ev))
+    return tuple(Worker(rank=r, **{k: v for k, v in per[r].items()}) for r in order)
+
+
+def _era(events: Tuple[LogEvent, ...]) -> Era:
+    since: Optional[Version] = None
+    until: Optional[Version] = None
+    clues: List[str] = []
+    v1 = any(e.kind in _V1_KINDS or e.fmt in _V1_FMTS or (e.rank or "").startswith(("EngineCore", "Worker_"))
+             for e in events)
+    v0 = any(e.fmt in _V0_FMTS or (e.kind == "blocks" and e.data.get("cpu_blocks") is not None)
+             or (e.rank or "").startswith("VllmWorkerProcess") for e in events)
+    for ev in events:
+        if ev.kind == "engine_config" and ev.data.get("version"):
+            clues.append("{}: engine banner v{}".format(where(ev), ev.data["version"]))
+            v1 = v1 or ev.data.get("v1")
+        row = BY_NAME.get(ev.fmt)
+        for clue in row.clues if row else ():
+            found = clue(ev.data, ev.text)
+            if found is None:
+                continue
+            lo, hi, why = found
+            if lo is not None and (since is None or lo > since):
+                since = lo
+            if hi is not None and (until is None or hi < until):
+                until = hi
+            clues.append("{}: {}".format(where(ev), why))
+    family = "V1" if v1 and not v0 else ("V0" if v0 and not v1 else None)
+    names = [n for n, lo, hi, _ in ERAS if (family is None or n.startswith(family))
+             and (since is None or hi >= since) and (until is None or lo <= until)]
+    inside = {g for n, lo, hi, g in ERAS if n in names}
+    return Era(family, since, until, names[0] if len(names) == 1 else None,
+               inside.pop() if len(inside) == 1 else None, tuple(dict.fromkeys(clues)))
+
+
+def _order(ev: LogEvent) -> Tuple[int, int]:
+    return (ev.offset, ev.line or 0)
+
+
+def _failure(events: Tuple[LogEvent, ...], workers: Tuple[Worker, ...], stages: List[str],
+             last: Optional[LogEvent]) -> Optional[Failure]:
+    failures = [e for e in events if e.kind == "failure"]
+    exceptions = [e for e in events if e.kind == "exception"]
+    if not failures and not exceptions:
+        return None
+    specific = [e for e in failures if e.data.get("cause") not in GENERIC_CAUSES + ("cuda_out_of_memory",)]
+    oom = [e for e in failures if e.data.get("cause") == "cuda_out_of_memory"]
+    generic = sorted((e for e in failures if e.data.get("cause") in GENERIC_CAUSES),
+                     key=lambda e: GENERIC_CAUSES.index(str(e.data.get("cause"))))
+    primary = (specific or oom or generic or exceptions)[0]
+    cause = str(primary.data.get("cause", "exception"))
+    said = next((e for e in exceptions if _order(e) >= _order(primary) and e.data.get("text")), None)
+    message = said.text if said is not None and primary.kind != "exception" and cause in GENERIC_CAUSES \
+        else primary.text
+    frame_stage = None
+    for f in (e for e in events if e.kind == "frame"):
+        for funcs, name in _FRAME_STAGE:
+            if f.data.get("func") in funcs:
+                frame_stage = name
+    if cause in GENERIC_CAUSES + ("cuda_out_of_memory",):
+        kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
+        if cause != "cuda_out_of_memory" and kv and min(kv) <= 0:
+            cause = "no_kv_memory"
+            return Failure(cause, "kv_cache", "the KV figure before it ({} GiB): vLLM raises 'No available memory "
+                           "for the cache blocks'".format(round(min(kv) / 2**30, 2)), message, primary.rank or None,
+                           primary)
+    if cause in _CAUSE_STAGE:
+        stage, how = _CAUSE_STAGE[cause], "the message"
+    elif frame_stage is not None:
+        stage, how = frame_stage, "traceback frames"
+    elif "graph_capture" in stages and not any(e.kind == "graph_end" for e in events):
+        stage, how = "graph_capture", "a CUDA graph capture began and never finished"
+    elif last is not None:
+        i = STAGES.index(stages[-1]) if stages else -1
+        stage = STAGES[min(i + 1, len(STAGES) - 2)] if i >= 0 else "unknown"
+        how = "the last stage the log shows ({}, {})".format(stages[-1] if stages else "none", where(last))
+    else:
+        stage, how = "unknown", "nothing in the log shows how far it got"
+    return Failure(cause, stage, how, message if len(message) <= 300 else message[:297] + "...",
+                   primary.rank or None, primary)
+
+
+def build_analysis(startup: Startup, target: str, opts: Options, index: Optional[int] = None,
+                   count: Optional[int] = None, reader_notes: Tuple[str, ...] = ()) -> Analysis:
+    events = startup.events
+    problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
+    workers = _workers(events)
+    era = _era(events)
+    args: Dict[str, Any] = {}
+    for ev in events:
+        if ev.kind == "args":
+            args.update(ev.data["args"])
+        elif ev.kind == "engine_config":
+            args.update({k: ev.data[k] for k in ("max_model_len", "kv_cache_dtype") if ev.data.get(k) is not None})
+        elif ev.kind == "kv_dtype":
+            args.setdefault("kv_cache_dtype", ev.data["kv_cache_dtype"])
+    tokens_evs = [e for e in events if e.kind == "kv_tokens" and e.data.get("tokens") is not None]
+    reports = tuple(e.data["tokens"] for e in tokens_evs)
+    blocks_ev = next((e for e in events if e.kind == "blocks"), None)
+    conc_ev = next((e for e in events if e.kind == "concurrency" and e.data), None)
+    conc = dict(conc_ev.data) if conc_ev else None
+    if conc is None:
+        merged = next((e for e in tokens_evs if e.data.get("concurrency")), None)
+        conc_ev, conc = (merged, dict(merged.data["concurrency"])) if merged else (None, None)
+    if conc is not None:
+        conc.pop("header", None)
+        conc.pop("repeated", None)
+    maxlen = args.get("max_model_len") or (conc["tokens_per_request"] if conc else None)
+    failed_len = next((e.data["max_model_len"] for e in events if e.kind == "failure"
+                       and e.data.get("cause") == "max_model_len_too_large"), None)
+    maxlen = failed_len or maxlen
+    stages: List[str] = []
+    last: Optional[LogEvent] = None
+    for ev in events:
+        st = _STAGE_OF_KIND.get(ev.kind)
+        if st is None:
+            continue
+        if st not in stages:
+            stages.append(st)
+        last = ev
+    complete = startup.closed and not any(e.kind in ("failure", "exception") for e in events)
+    died = _failure(events, workers, stages, last) if not (complete and "ready" in stages) else None
+    if died is not None:
+        complete = False
+    binding_kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
+    cell = None
+    tokens = min(reports) if reports else None
+    if tokens and binding_kv and min(binding_kv) > 0 and not (era.since and era.since >= (0, 21, 0)):
+        cell = int(min(binding_kv) / tokens)
+    checks = tuple(_checks(workers, events, era))
+    if not complete and died is None:
+        problems.append(Problem("log.fragment", "the log stops before the engine finished starting (last stage: {})"
+                                .format(STAGE_WORDS.get(stages[-1], "none") if stages else "none")))
+    if not workers:
+        problems.append(Problem("log.no_ranks", "no per-worker memory lines in this startup"))
+    return Analysis(
+        target, "ok" if complete or died is not None else "partial", tuple(problems), era, args, index, count,
+        startup.first_line, workers, tokens, reports, blocks_ev.data["gpu_blocks"] if blocks_ev else None,
+        blocks_ev.data.get("cpu_blocks") if blocks_ev else None, maxlen,
+        args.get("kv_cache_dtype"), conc, where(conc_ev) if conc_ev else "", checks, tuple(stages), last,
+        complete, died, opts, events, budget=Budget(cell))
+
+
+def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era) -> List[Check]:
+    out: List[Check] = []
+    for ev in events:
+        d = ev.data
+        rank = ev.rank or ""
+        if ev.kind == "breakdown":
+            budget = next((e for e in events if e.kind == "budget" and (e.rank or "") == rank), None)
+            if budget is None:
+                continue
+            pred = budget.data["requested_bytes"] - d["profile_weights_bytes"] - d["non_torch_bytes"] \
+                - d["activation_bytes"]
+            out.append(Check(rank, "total_gpu_memory × gpu_memory_utilization − weights − non_torch − activation peak "
+                             "(vLLM 0.6.5–0.10.2 worker.py determine_num_available_blocks)", pred,
+                             d["available_kv_bytes"], 4 * PRINT_TOLERANCE_BYTES, (where(budget), where(ev))))
+        elif ev.kind == "global_profile":
+            pred = int(d["total_bytes"] * d["utilization"]) - d["peak_torch_bytes"] - d["non_torch_bytes"]
+            out.append(Check(rank, "total_gpu_memory × gpu_memory_utilization − peak_torch − non_torch (vLLM 0.6.4.x "
+                             "worker.py determine_num_available_blocks)", pred, d["available_kv_bytes"],
+                             4 * PRINT_TOLERANCE_BYTES, (where(ev),)))
+        elif ev.kind == "suggestion" and d.get("consumed_bytes") is not None and d.get("activation_bytes") is not None:
+            pred = d["requested_bytes"] - d["consumed_bytes"] - d["activation_bytes"]
+            out.append(Check(rank, "requested − consumed (weights + non-torch) − peak activation (incl. the CUDA graph "
+                             "estimate) (vLLM 0.27+ gpu_worker.py determine_available_memory)", pred,
+                             d.get("available_kv_bytes"), 4 * PRINT_TOLERANCE_BYTES, (where(ev),)))
+    return out

@@ -1,0 +1,163 @@
+"""vLLM's log rules: small pure functions over a vLLM Analysis, each yielding Findings. The rules
+every engine shares are in ``agent/node_rules.py``; ``agent/rulebook.py`` runs them all."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from agent.records import Finding
+from agent.sglang.ledger import where
+from agent.vllm.analysis import STAGE_WORDS, Analysis
+from collectors.units import gib
+
+SHARED_GPU_BYTES = 1 << 30  # used memory at worker start beyond this is more than a CUDA context and NCCL
+
+_CAUSE_WORDS = {
+    "insufficient_free_memory": "free GPU memory at worker start was below total × gpu_memory_utilization",
+    "max_model_len_too_large": "one request of max_model_len does not fit in the KV cache",
+    "no_kv_memory": "nothing was left for the KV cache (the budget minus weights, activations and non-torch "
+                    "memory is at or below zero)",
+    "memory_freed_during_profiling": "another process freed GPU memory while vLLM profiled",
+    "cuda_out_of_memory": "a CUDA allocation ran out of memory",
+    "engine_failed": "the engine core failed to start",
+    "worker_died": "a worker process died",
+    "exception": "an exception ended it",
+}
+
+
+def startup_failed(a: Analysis) -> Iterator[Finding]:
+    f = a.failed
+    if f is None:
+        return
+    explain = _CAUSE_WORDS.get(f.cause, f.cause)
+    stage = STAGE_WORDS.get(f.stage, f.stage)
+    detail = "{}: {} ({}{}). Stage: {} (from {}).".format(explain, f.message, f.rank + " " if f.rank else "", f.where,
+                                                          stage, f.stage_source)
+    d = f.data
+    if f.cause == "max_model_len_too_large" and d.get("fits_tokens"):
+        detail += " max_model_len {:,}; what fits: {:,} tokens.".format(d["max_model_len"], d["fits_tokens"])
+    if f.cause == "insufficient_free_memory":
+        detail += " Free {} of {}; the budget asked {} (u = {:g}).".format(
+            gib(d["free_bytes"]), gib(d["total_bytes"]), gib(d["requested_bytes"]), d["utilization"])
+    yield Finding("startup_failed", "critical", "The startup failed during {}: {}".format(stage, explain), detail,
+                  None, (f.where,))
+
+
+def incomplete_startup(a: Analysis) -> Iterator[Finding]:
+    if a.complete or a.failed is not None:
+        return
+    if a.last_event is None:
+        title = "The log shows no startup stage: it is a fragment"
+    else:
+        title = "The log stops before the startup finished: the last stage it shows is {} ({})".format(
+            STAGE_WORDS[a.stages_seen[-1]], where(a.last_event))
+    yield Finding("incomplete_startup", "info", title,
+                  "vLLM's startup continues after this (KV cache allocation, CUDA graph capture, engine ready) and "
+                  "may still fail, so this report makes no unused-memory verdict and recommends no "
+                  "--gpu-memory-utilization raise. To settle it, include the startup up to 'init engine … took' or "
+                  "the API server's ready line.", None, (where(a.last_event),) if a.last_event is not None else ())
+
+
+def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
+    w = next((x for x in a.ranks if x.gpu_memory_utilization is not None or x.available_kv_bytes is not None), None)
+    if w is None:
+        return
+    u = w.gpu_memory_utilization
+    era = a.era
+    what = {
+        "V0-a": "KV = T·u − (free at init − free after the profile run)",
+        "V0-b": "KV = T·u − torch peak − all non-torch memory on the device (other processes included)",
+        "V1-a": "KV = T·u − torch peak − all non-torch memory on the device (other processes included)",
+        "V1-e": "KV = ceil(T·u) − (weights + activation peak + non-torch) − the CUDA graph estimate",
+        "V1-f": "KV = ceil(T·u) − memory consumed since init − transient peak − the CUDA graph estimate",
+    }.get(era.name or "", "KV = T·u − (weights + activation peak + non-torch growth since init)")
+    detail = ("--gpu-memory-utilization{} is a fraction of the whole device (T, cudaMemGetInfo total), not of free "
+              "memory: vLLM's budget is T·u and, in this log's era ({}), {}.").format(
+        " {:g}".format(u) if u is not None else "", era.hint or "not pinned", what)
+    if w.total_gpu_bytes is not None and w.requested_bytes is not None:
+        detail += " Here: {} × {:g} = {} ({}).".format(gib(w.total_gpu_bytes), u or 0, gib(w.requested_bytes),
+                                                       w.sources.get("requested_bytes", ""))
+    if era.graphs_inside is False:
+        detail += " CUDA graphs are captured outside it, on top."
+    if w.available_kv_bytes is not None:
+        detail += " KV cache memory on {}: {}.".format(w.rank or "the worker", gib(w.available_kv_bytes))
+    yield Finding("gpu_memory_utilization_semantics", "info",
+                  "gpu_memory_utilization is a fraction of the GPU's total memory", detail, w.requested_bytes,
+                  tuple(s for s in (w.sources.get("requested_bytes"), w.sources.get("available_kv_bytes")) if s))
+
+
+def cudagraph_outside_budget(a: Analysis) -> Iterator[Finding]:
+    if a.era.graphs_inside is not False:
+        return
+    graphs = [e for e in a.events if e.kind in ("graph_begin", "graph_end", "graph_estimate", "graph_pool")
+              or (e.kind == "graph_advisory" and not e.data.get("applied"))]
+    if not graphs:
+        return
+    size = max((w.cuda_graph_bytes or w.cuda_graph_estimate_bytes or 0 for w in a.ranks), default=0) or None
+    detail = ("In this era ({}) vLLM captures CUDA graphs after sizing the KV cache, outside "
+              "total × gpu_memory_utilization, so they come on top of the budget{}. A capture OOM at a high "
+              "--gpu-memory-utilization is this; --enforce-eager removes the graphs (slower decode). From 0.20.0 "
+              "the graph estimate is inside the budget.").format(
+        a.era.hint or "before 0.20.0", ": {}".format(gib(size)) if size else " (1–3 GiB per GPU, vLLM's own note)")
+    yield Finding("cudagraph_outside_budget", "info", "CUDA graphs are allocated outside vLLM's memory budget",
+                  detail, size, (where(graphs[0]),))
+
+
+def shared_gpu(a: Analysis) -> Iterator[Finding]:
+    for w in a.ranks:
+        if w.free_at_start_bytes is None or w.total_gpu_bytes is None:
+            continue
+        used = w.total_gpu_bytes - w.free_at_start_bytes
+        if used < SHARED_GPU_BYTES:
+            continue
+        yield Finding("shared_gpu", "warning",
+                      "{} of the GPU was already in use when {} started".format(gib(used), w.rank or "the worker"),
+                      "Free {} of {} at worker start ({}): something else (another process, a previous instance) "
+                      "holds memory on this GPU. vLLM ≥ 0.9.1 refuses to start when free memory is below T·u; "
+                      "older releases shrink the KV cache (0.6.4.x, V1 ≤ 0.9.0) or over-commit (V0 ≥ 0.6.5)."
+                      .format(gib(w.free_at_start_bytes), gib(w.total_gpu_bytes),
+                              w.sources.get("free_at_start_bytes", "")), used,
+                      (w.sources.get("free_at_start_bytes", ""),))
+        return
+
+
+def kv_budget_check(a: Analysis) -> Iterator[Finding]:
+    for c in a.checks:
+        if c.agrees is None:
+            continue
+        sev = "info" if c.agrees else "warning"
+        verdict = "agrees with" if c.agrees else "differs from"
+        yield Finding("kv_budget_check", sev, "vLLM's KV budget formula {} the logged KV memory{}".format(
+            verdict, " on " + c.rank if c.rank else ""),
+            "{} = {}; logged {} (tolerance {}: every figure is printed to 0.01 GiB).".format(
+                c.formula, gib(c.predicted_bytes), gib(c.logged_bytes), gib(c.tolerance_bytes)), c.logged_bytes,
+            c.evidence)
+        return
+    w = a.binding()
+    if a.budget.cell_bytes and w is not None and a.kv_cache_tokens:
+        yield Finding("kv_budget_check", "info", "The KV cache holds {:,} tokens in {}: ≈ {:,} bytes per token".format(
+            a.kv_cache_tokens, gib(w.available_kv_bytes), a.budget.cell_bytes),
+            "Available KV cache memory / GPU KV cache size = {:,} B per token (± print rounding; with full attention "
+            "in every layer: layers × KV heads per rank × head size × 2 × dtype bytes). A hybrid model's figure "
+            "differs.".format(a.budget.cell_bytes), None,
+            tuple(s for s in (w.sources.get("available_kv_bytes"),) if s))
+
+
+def concurrency_bound(a: Analysis) -> Iterator[Finding]:
+    c = a.max_concurrency
+    if not c or c.get("times") is None or a.failed is not None:
+        return
+    times, n = c["times"], c["tokens_per_request"]
+    sev = "warning" if times < 1 else "info"
+    yield Finding("concurrency_bound", sev,
+                  "The KV cache holds {:.2f}× requests of {:,} tokens at once".format(times, n),
+                  "vLLM's own figure ({}): 'Maximum concurrency for {:,} tokens per request: {:.2f}x'{}. {}".format(
+                      a.concurrency_source, n, times,
+                      "; GPU KV cache size {:,} tokens".format(a.kv_cache_tokens) if a.kv_cache_tokens else "",
+                      "Not even one full-length request fits." if times < 1 else
+                      "More concurrent long requests than that wait for KV blocks (preemption)."), None,
+                  (a.concurrency_source,))
+
+
+HEADLINES = [startup_failed, incomplete_startup]
+RULES = [gpu_memory_utilization_semantics, cudagraph_outside_budget, shared_gpu, kv_budget_check, concurrency_bound]

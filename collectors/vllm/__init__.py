@@ -1,0 +1,1 @@
+"""vLLM startup-log parsing (standard library only, Python 3.8)."""

@@ -1,0 +1,85 @@
+"""Recognise vLLM startup log lines and turn them into events (pure: text in, events out).
+
+A vLLM record is ``LEVEL MM-DD HH:MM:SS [file.py:123] message`` (``file.py:123]`` without ``[``
+before 0.8), often behind process prefixes: ``(VllmWorkerProcess pid=13105) ``,
+``(EngineCore_DP0 pid=563) ``, ``(Worker_TP0 pid=26347) ``, Ray's ``(RayWorkerWrapper pid=N, ip=A) ``
+(nested under Ray Serve), and Ray's ``[repeated 30x across cluster]`` suffix. The innermost
+prefix is the worker tag (``"Worker_TP0 pid=26347"``); ``""`` for a record without one;
+``None`` for a line with no vLLM header at all (traceback text, a pasted fragment).
+Foreign prefixes before all that (a Kubernetes viewer, a CI timestamp, markdown quotes and
+bullets, ``[rank0]:``) are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, List, Optional, Tuple
+
+from collectors import lineformat
+from collectors.lineformat import LineFormat
+from collectors.sglang.log import LogEvent
+from collectors.vllm.formats import FORMATS
+
+__all__ = ["LogEvent", "classify", "parse_line", "parse_lines", "split_record"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# "2025-02-22 12:25:53 | pod/container | ", "[2026-02-24T20:21:58Z] ", "> ", "- ", "[rank0]: ".
+_FOREIGN = re.compile(
+    r"^(?:\d{4}-\d{2}-\d{2}[ T][\d:.,]+ \| [^|]* \| |\[\d{4}-\d{2}-\d{2}T[\d:.,]+Z?\] |> |- |\[rank\d+\]: ?)+")
+# One process prefix: "(Name pid=N)" or "(Name pid=N, ip=A)"; Ray Serve nests several.
+_PROC = re.compile(r"^\(?(?P<tag>[\w:.@/-]+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?)\)\s*")
+_HEADER = re.compile(
+    r"^(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +)?(?:(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?) +)?"
+    r"\[?(?P<file>[\w.-]+\.py)(?::(?P<lineno>\d+))?\] +")
+_REPEATED = re.compile(r"\s*\[repeated (\d+)x across cluster\]\s*$")
+
+
+def split_record(raw: str) -> Tuple[Optional[str], Optional[str], Optional[str], str, Optional[int]]:
+    """``(ts, worker tag, file:line header, message, repeated)`` of one physical line."""
+    text = _ANSI.sub("", raw).replace("\r", "").rstrip()
+    text = _FOREIGN.sub("", text.lstrip(), count=1)
+    tag: Optional[str] = None
+    while True:
+        m = _PROC.match(text)
+        if m is None:
+            break
+        tag = m.group("tag")  # the innermost prefix wins
+        text = text[m.end():]
+    repeated = None
+    r = _REPEATED.search(text)
+    if r is not None:
+        repeated = int(r.group(1))
+        text = text[:r.start()]
+    h = _HEADER.match(text)
+    if h is None or (h.group("level") is None and not text.startswith("[")):
+        return None, tag, None, text.strip(), repeated
+    header = h.group("file") + (":" + h.group("lineno") if h.group("lineno") else "")
+    return h.group("ts"), tag if tag is not None else "", header, text[h.end():].strip(), repeated
+
+
+def classify(msg: str) -> Optional[Tuple[LineFormat, dict]]:
+    if not msg:
+        return None
+    return lineformat.match(FORMATS, msg)
+
+
+def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[LogEvent]:
+    ts, tag, header, msg, repeated = split_record(raw)
+    found = classify(msg)
+    if found is None:
+        return []
+    row, data = found
+    data = dict(data)
+    if header:
+        data["header"] = header
+    if repeated:
+        data["repeated"] = repeated
+    text = msg if len(msg) <= 240 else msg[:237] + "..."
+    return [LogEvent(row.kind, line, offset, tag, ts, data, text, raw, row.name)]
+
+
+def parse_lines(lines: Iterable[str]) -> List[LogEvent]:
+    events: List[LogEvent] = []
+    for number, raw in enumerate(lines, 1):
+        events.extend(parse_line(raw, number, 0))
+    return events

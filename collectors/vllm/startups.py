@@ -1,0 +1,116 @@
+"""Split a stream of vLLM log events into startups (one per engine launch).
+
+A new startup begins at a launch line (``Initializing … LLM engine (vX) with config``, the
+``non-default args`` line, a ``vllm serve`` command line) when the current one has events, at a
+worker's second weights line, at a worker's second profiling/KV line with other figures, at a
+memory line after the current startup failed (unless its timestamp says it was printed before
+the failure: pasted logs are not always in order), and at a V1 max-model-len failure after the KV
+cache was already sized (the check runs before the sizes are printed). Identical repeats of a
+line from the same worker (Ray Serve relays a line twice; a paste repeated) are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
+
+from collectors.vllm.log import LogEvent, parse_line
+
+_LAUNCH_KINDS = ("engine_config", "args")
+_ONCE_PER_WORKER = ("weights", "budget", "breakdown", "global_profile", "available_kv", "profile_begin")
+_MEMORY_KINDS = _ONCE_PER_WORKER + ("blocks", "kv_tokens", "concurrency", "suggestion", "graph_estimate")
+_SIZED = ("blocks", "kv_tokens", "concurrency")
+
+
+@dataclass(frozen=True)
+class Startup:
+    """The events of one vLLM launch, in file order."""
+
+    events: Tuple[LogEvent, ...]
+    closed: bool  # finished (engine init done, or graphs captured after the KV cache) or failed
+    engine: str = "vllm"
+
+    @property
+    def first_line(self) -> Optional[int]:
+        return self.events[0].line if self.events else None
+
+    @property
+    def first_offset(self) -> int:
+        return self.events[0].offset if self.events else 0
+
+
+_DROPPED: Tuple[LogEvent, ...] = ()
+
+
+class StartupSegmenter:
+    """Feed events in file order (``keep``: as collectors/sglang/startups.StartupSegmenter)."""
+
+    def __init__(self, keep: Optional[int] = None) -> None:
+        self.startups: List[Sequence[LogEvent]] = []
+        self._closed: List[bool] = []
+        self._keep = keep
+        self._reset()
+
+    def _reset(self) -> None:
+        self._fed = 0
+        self._seen: Set[Tuple[Optional[str], str]] = set()
+        self._texts: Set[Tuple[str, str, str]] = set()
+        self._failed_ts: Optional[str] = None
+        self._failed = False
+        self._sized = False
+
+    @property
+    def current_closed(self) -> bool:
+        return bool(self._closed) and self._closed[-1]
+
+    def feed(self, ev: LogEvent) -> None:
+        key = (ev.rank or "", ev.fmt, ev.text)
+        if self.startups and key in self._texts and ev.kind in _MEMORY_KINDS and ev.kind != "weights":
+            return  # the same line again from the same worker
+        if not self.startups or self._is_boundary(ev):
+            index = len(self.startups)
+            self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
+            self._closed.append(False)
+            self._reset()
+            if self._keep is not None and self._keep < 0 and index >= -self._keep:
+                self.startups[index + self._keep] = _DROPPED
+        if self.startups[-1] is not _DROPPED:
+            self.startups[-1].append(ev)  # type: ignore[union-attr]
+        self._fed += 1
+        self._texts.add(key)
+        self._update(ev)
+
+    def _is_boundary(self, ev: LogEvent) -> bool:
+        if self._fed == 0:
+            return False
+        if ev.kind in _LAUNCH_KINDS:
+            return True
+        if self._failed and ev.kind in _MEMORY_KINDS:
+            return not (ev.ts and self._failed_ts and ev.ts < self._failed_ts)
+        if ev.kind == "failure" and ev.fmt == "maxlen_v1" and self._sized:
+            return True
+        return ev.kind in _ONCE_PER_WORKER and (ev.rank or "", ev.kind) in self._seen
+
+    def _update(self, ev: LogEvent) -> None:
+        if ev.kind in _ONCE_PER_WORKER:
+            self._seen.add((ev.rank or "", ev.kind))
+        if ev.kind in _SIZED:
+            self._sized = True
+        if ev.kind == "failure":
+            self._failed = True
+            if ev.ts and (self._failed_ts is None or ev.ts > self._failed_ts):
+                self._failed_ts = ev.ts
+            self._closed[-1] = True
+        elif ev.kind == "init_done" or (ev.kind == "graph_end" and self._sized):
+            self._closed[-1] = True
+
+    def result(self) -> List[Startup]:
+        return [Startup(tuple(evs), closed) for evs, closed in zip(self.startups, self._closed)]
+
+
+def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
+    seg = StartupSegmenter()
+    for number, offset, raw in lines:
+        for ev in parse_line(raw, number, offset):
+            seg.feed(ev)
+    return seg.result()
