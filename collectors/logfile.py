@@ -37,11 +37,14 @@ from collectors.vllm import startups as vllm_startups
 # rows, reduced to the fewest that still find every row (collectors/lineformat.py).
 KEYWORDS = lineformat.keywords(tuple(FORMATS) + tuple(vllm_formats.FORMATS))
 ENGINES = ("sglang", "vllm")
+# Each needle costs a pass over every block: once the engine is known, search only its own.
+_KEYWORDS_FOR = {("sglang",): lineformat.keywords(FORMATS), ("vllm",): lineformat.keywords(vllm_formats.FORMATS),
+                 ENGINES: KEYWORDS}
 _PARSERS = {"sglang": sglang_log.parse_line, "vllm": vllm_log.parse_line}
 _SEGMENTERS = {"sglang": sglang_startups.StartupSegmenter, "vllm": vllm_startups.StartupSegmenter}
 _GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
 _ANCHORS = {"vllm": (b"Model loading took", b"Loading model weights took", b"Available KV cache memory")}
-SNIFF_BYTES = 4 << 20
+SNIFF_BYTES = 1 << 20  # the head and the tail of a file say whose log it is
 # Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
 # longer the skips of the reverse search: 29 bytes scan 2 GiB in 0.13 s, 17 bytes in 0.24 s.
 ANCHOR = b"Load weight begin. avail mem="
@@ -259,7 +262,7 @@ def _one_line(exc: BaseException) -> str:
 def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: List[_Sink]) -> int:
     """Parse the keyword lines of ``buf`` (whole lines only); return its newline count."""
     starts = set()
-    for kw in KEYWORDS:
+    for kw in _KEYWORDS_FOR[tuple(s.engine for s in sinks)]:
         i = buf.find(kw)
         while i != -1:
             start = buf.rfind(b"\n", 0, i) + 1
