@@ -262,7 +262,7 @@ def _one_line(exc: BaseException) -> str:
 def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: List[_Sink]) -> int:
     """Parse the keyword lines of ``buf`` (whole lines only); return its newline count."""
     starts = set()
-    for kw in _KEYWORDS_FOR[tuple(s.engine for s in sinks)]:
+    for kw in _KEYWORDS_FOR.get(tuple(s.engine for s in sinks), KEYWORDS):
         i = buf.find(kw)
         while i != -1:
             start = buf.rfind(b"\n", 0, i) + 1
