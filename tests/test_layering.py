@@ -57,3 +57,29 @@ def test_agent_does_not_import_reports_except_the_cli(path):
     if path.relative_to(ROOT / "agent").as_posix().startswith("cli/") or path.name == "watch.py":
         return
     assert "reports" not in set(_imports(path)), path.name
+
+
+ENGINE_PACKAGES = ("agent", "collectors")
+ENGINES = sorted(p.name for p in (ROOT / "collectors").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+
+
+def _full_imports(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_engine_folder_never_imports_another_engine(engine):
+    """What engines share lives beside them (collectors/events.py, agent/citing.py), not inside one."""
+    assert set(ENGINES) >= {"sglang", "vllm"}
+    others = [e for e in ENGINES if e != engine]
+    for package in ENGINE_PACKAGES:
+        for path in sorted((ROOT / package / engine).rglob("*.py")):
+            for module in _full_imports(path):
+                parts = module.split(".")
+                assert not (len(parts) > 1 and parts[0] in ENGINE_PACKAGES and parts[1] in others), \
+                    "{} imports {}".format(path.relative_to(ROOT), module)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from agent.citing import where
 from agent.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
 from agent.sglang import budget as budget_mod
 from agent.sglang import era as era_mod
@@ -16,9 +17,9 @@ from agent.sglang import stages
 from agent.sglang.attribution import Attributed, attribute
 from agent.sglang.budget import Budget, ReqToToken
 from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry
-from agent.sglang.ledger import RankLedger, ledgers, where
+from agent.sglang.ledger import RankLedger, ledgers
 from agent.sglang.stages import Failure, Progress
-from collectors.sglang.log import LogEvent
+from collectors.events import LogEvent
 from collectors.sglang.startups import Startup
 
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from collectors.sglang.log import LogEvent
+from collectors.events import LogEvent
 from collectors.sglang.startups import Startup
 
 RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "kv_pool",

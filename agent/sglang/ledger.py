@@ -15,15 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
+from agent.citing import where
 from agent.sglang.attribution import Attributed, RankEvents, RunnerEvents
-from collectors.sglang.log import LogEvent
-
-
-def where(ev: Optional[LogEvent]) -> str:
-    """Evidence for one event: 'line 123' (or 'byte 4567' when lines were not counted)."""
-    if ev is None:
-        return ""
-    return "line {}".format(ev.line) if ev.line is not None else "byte {}".format(ev.offset)
+from collectors.events import LogEvent
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional, Tuple
 
+from agent.citing import where
 from agent.records import Finding
 from agent.sglang.analysis import Analysis
-from agent.sglang.ledger import RankLedger, where
+from agent.sglang.ledger import RankLedger
 from agent.sglang.stages import STAGE_WORDS
 from collectors.units import gib
 

@@ -11,11 +11,11 @@ they are raised) or from the traceback's frames, else from the last stage the lo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+from agent.citing import CitesEvent, where
 from agent.sglang.attribution import Attributed
-from agent.sglang.ledger import where
-from collectors.sglang.log import LogEvent
+from collectors.events import LogEvent
 
 STAGES = ("dist_init", "weights", "kv_pool", "workspaces", "graph_capture", "draft", "summary")
 STAGE_WORDS = {
@@ -45,7 +45,7 @@ _FRAME_STAGE = (
 
 
 @dataclass(frozen=True)
-class Failure:
+class Failure(CitesEvent):
     """Why a startup did not finish."""
 
     cause: str  # stable code: cuda_graph_capture_failed, cuda_out_of_memory, nccl_error, exception, …
@@ -55,22 +55,6 @@ class Failure:
     rank: Optional[str]  # the rank tag of the failing line, when it had one
     event: LogEvent  # the failure line the evidence cites
     draft: bool  # it happened in the draft model's runner
-
-    @property
-    def data(self) -> Dict[str, object]:
-        return self.event.data
-
-    @property
-    def line(self) -> Optional[int]:
-        return self.event.line
-
-    @property
-    def offset(self) -> int:
-        return self.event.offset
-
-    @property
-    def where(self) -> str:
-        return where(self.event)
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from agent.citing import CitesEvent, where
 from agent.records import Finding, Options, Problem, Recommendation
-from agent.sglang.ledger import where
+from collectors.events import LogEvent
 from collectors.lineformat import Version
-from collectors.sglang.log import LogEvent
 from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES
 from collectors.vllm.startups import Startup
 
@@ -122,29 +122,13 @@ class Era:
 
 
 @dataclass(frozen=True)
-class Failure:
+class Failure(CitesEvent):
     cause: str
     stage: str
     stage_source: str
     message: str
     rank: Optional[str]
     event: LogEvent
-
-    @property
-    def data(self) -> Dict[str, Any]:
-        return self.event.data
-
-    @property
-    def line(self) -> Optional[int]:
-        return self.event.line
-
-    @property
-    def offset(self) -> int:
-        return self.event.offset
-
-    @property
-    def where(self) -> str:
-        return where(self.event)
 
 
 @dataclass(frozen=True)

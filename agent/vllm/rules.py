@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from agent.citing import where
 from agent.records import Finding
-from agent.sglang.ledger import where
 from agent.vllm.analysis import STAGE_WORDS, Analysis
 from collectors.units import gib
 

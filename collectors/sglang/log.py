@@ -14,37 +14,16 @@ The line formats themselves, with the releases that print each shape, are the ro
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from collectors import lineformat
+from collectors.events import LogEvent
 from collectors.lineformat import LineFormat
 from collectors.sglang.formats import FORMATS, PRINT_TOLERANCE_BYTES
 from collectors.units import GB, GIB
 
 __all__ = ["GB", "GIB", "PRINT_TOLERANCE_BYTES", "LogEvent", "classify", "parse_line", "parse_lines",
            "parse_message", "split_records"]
-
-
-@dataclass(frozen=True)
-class LogEvent:
-    """One recognised startup-log record.
-
-    ``rank`` is the record's rank tag as printed (``"TP3"``, ``"DP1 TP3"``), ``""`` for a
-    record with a timestamp but no tag (single-GPU runs since 0.4.7, and the main process),
-    and ``None`` when the line had no SGLang prefix at all (traceback text, custom logging).
-    ``data`` holds the parsed values; sizes are int bytes and end in ``_bytes``.
-    """
-
-    kind: str
-    line: Optional[int]  # 1-based line number in the source; None when not counted
-    offset: int  # byte offset of the line in the source (decompressed stream for .gz)
-    rank: Optional[str]
-    ts: Optional[str]
-    data: Dict[str, Any] = field(default_factory=dict)
-    text: str = ""  # the message, shortened, for evidence
-    raw: str = ""  # the physical line, so a startup can be saved and parsed again elsewhere
-    fmt: str = ""  # the name of the line-format row that recognised it (collectors/sglang/formats.py)
 
 
 # --- line prefixes -------------------------------------------------------------------------

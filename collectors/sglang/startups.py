@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from collectors.sglang.log import LogEvent, parse_line
+from collectors.events import LogEvent, segment
+from collectors.sglang.log import parse_line
 
 _BEGIN_KINDS = ("dist_init_begin", "load_begin")
 
@@ -129,8 +130,4 @@ class StartupSegmenter:
 
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
     """Startups from ``(line number, byte offset, raw line)`` rows: a snapshot's saved lines, a journal."""
-    seg = StartupSegmenter()
-    for number, offset, raw in lines:
-        for ev in parse_line(raw, number, offset):
-            seg.feed(ev)
-    return seg.result()
+    return segment(lines, parse_line, StartupSegmenter())

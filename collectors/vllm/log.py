@@ -16,8 +16,8 @@ import re
 from typing import Iterable, List, Optional, Tuple
 
 from collectors import lineformat
+from collectors.events import LogEvent
 from collectors.lineformat import LineFormat
-from collectors.sglang.log import LogEvent
 from collectors.vllm.formats import FORMATS
 
 __all__ = ["LogEvent", "classify", "parse_line", "parse_lines", "split_record"]

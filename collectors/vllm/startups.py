@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
-from collectors.vllm.log import LogEvent, parse_line
+from collectors.events import LogEvent, segment
+from collectors.vllm.log import parse_line
 
 _LAUNCH_KINDS = ("engine_config", "args")
 _ONCE_PER_WORKER = ("weights", "budget", "breakdown", "global_profile", "available_kv", "profile_begin")
@@ -109,8 +110,4 @@ class StartupSegmenter:
 
 
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
-    seg = StartupSegmenter()
-    for number, offset, raw in lines:
-        for ev in parse_line(raw, number, offset):
-            seg.feed(ev)
-    return seg.result()
+    return segment(lines, parse_line, StartupSegmenter())
