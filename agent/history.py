@@ -181,8 +181,11 @@ class Lock:
             self.fd = None
             raise Busy("another kvforensics record is running{}; this one exits".format(
                 " (PID {})".format(holder) if holder else "")) from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        try:  # the PID only names the holder in the next run's Busy message
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock holds without it, and the history write says what is wrong
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -492,3 +492,63 @@ def test_watch_in_a_real_terminal_redraws_and_leaves_on_ctrl_c(node, tmp_path):
         assert done_flag.read_text().strip() in ("rc=0", "rc=130")
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)
+
+
+def _on_a_small_disk(node, tmp_path, size: str, script: str):
+    """Run ``script`` (sh) with a real tmpfs of ``size`` mounted at DISK in a private mount
+    namespace: a real full or read-only filesystem, gone when the command ends. $KVF runs record."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare for a private mount namespace")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    flags = ["-m"] if os.geteuid() == 0 else ["-Urm"]
+    kvf = "{} -m agent record --nvml-lib {} --no-http".format(sys.executable, FAKE_LIB)
+    env = dict(node.env(), PYTHONPATH=str(ROOT), DISK=str(disk), KVF=kvf)
+    body = 'mount -t tmpfs -o size={} none "$DISK" || exit 99\n{}'.format(size, script)
+    done = subprocess.run(["unshare"] + flags + ["sh", "-c", body], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120, universal_newlines=True)
+    if done.returncode == 99 or "unshare failed" in done.stderr:
+        pytest.skip("cannot mount a tmpfs here: " + done.stderr.strip()[:200])
+    return done
+
+
+def _fill(path: str) -> str:
+    return 'head -c 8388608 /dev/zero > "{}" 2>/dev/null; '.format(path)
+
+
+def test_a_full_disk_under_a_new_history_is_one_clear_line(node, tmp_path):
+    done = _on_a_small_disk(node, tmp_path, "64k", _fill("$DISK/filler") + '$KVF --db "$DISK/h.db"')
+    assert done.returncode == 2, done.stderr
+    assert "cannot write the history: database or disk is full" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_disk_that_fills_under_an_existing_history_is_one_clear_line(node, tmp_path):
+    script = ('$KVF --db "$DISK/h.db" >/dev/null 2>&1 || exit 98\n' + _fill("$DISK/filler")
+              + '$KVF --db "$DISK/h.db"; code=$?; rm -f "$DISK/filler"; $KVF --db "$DISK/h.db" >/dev/null 2>&1 '
+              '|| exit 97; exit $code')
+    done = _on_a_small_disk(node, tmp_path, "1m", script)
+    assert done.returncode == 2, done.stderr  # not 97/98: before and after, the history works
+    assert "cannot write the history" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_read_only_filesystem_under_the_history_is_one_clear_line(node, tmp_path):
+    """Even for root, who writes a read-only file: a read-only mount stops every writer."""
+    script = ('$KVF --db "$DISK/h.db" >/dev/null 2>&1 || exit 98\n'
+              'mount -o remount,ro "$DISK" || exit 99\n$KVF --db "$DISK/h.db"')
+    done = _on_a_small_disk(node, tmp_path, "1m", script)
+    assert done.returncode == 2, done.stderr
+    assert "Read-only file system" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_full_disk_under_the_textfile_is_one_clear_line(node, tmp_path):
+    script = ('$KVF --db "$PWD_DB" --prom-file "$DISK/k.prom" >/dev/null 2>&1 || exit 98\n'
+              + _fill("$DISK/filler") + '$KVF --db "$PWD_DB" --prom-file "$DISK/k.prom"; code=$?; '
+              'ls "$DISK"; exit $code')
+    # The history lives off the small disk: only the textfile meets ENOSPC.
+    done = _on_a_small_disk(node, tmp_path, "64k", script.replace("$PWD_DB", str(tmp_path / "h.db")))
+    assert done.returncode == 2 and "k.prom: No space left on device" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert set(done.stdout.split()) <= {"k.prom", "filler"}  # no temp file left on the full disk
