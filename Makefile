@@ -45,6 +45,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@echo ">> benchmarks (results: bench/RESULTS.md)"
 	$(BIN)/python bench/bench_analyze.py
+	$(BIN)/python bench/bench_analyze_vllm.py
 	$(BIN)/python bench/bench_inspect.py
 	$(BIN)/python bench/bench_fleet.py
 	$(BIN)/python bench/bench_record.py

@@ -43,7 +43,11 @@ _KEYWORDS_FOR = {("sglang",): lineformat.keywords(FORMATS), ("vllm",): lineforma
 _PARSERS = {"sglang": sglang_log.parse_line, "vllm": vllm_log.parse_line}
 _SEGMENTERS = {"sglang": sglang_startups.StartupSegmenter, "vllm": vllm_startups.StartupSegmenter}
 _GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
-_ANCHORS = {"vllm": (b"Model loading took", b"Loading model weights took", b"Available KV cache memory")}
+# A startup's lines, in the order tried: the first found (searching backward) anchors the window.
+# The later ones find fragments that begin at profiling (V0) or at the KV report (V1).
+_ANCHORS = {"vllm": (b"Model loading took", b"Loading model weights took", b"Available KV cache memory",
+                     b"Memory profiling results:", b"the current vLLM instance can use", b" KV cache size: ",
+                     b"# GPU blocks: ", b"# cuda blocks: ", b"# CUDA blocks: ")}
 SNIFF_BYTES = 1 << 20  # the head and the tail of a file say whose log it is
 # Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
 # longer the skips of the reverse search: 29 bytes scan 2 GiB in 0.13 s, 17 bytes in 0.24 s.
@@ -244,7 +248,12 @@ def _sniff(src: "_Blocks", size: int) -> str:
     if size > SNIFF_BYTES:
         tail = src.read(max(SNIFF_BYTES, size - SNIFF_BYTES), SNIFF_BYTES)
         _scan_block(tail[tail.find(b"\n") + 1:], 0, None, sinks)
-    return _winner(sinks).engine
+    if any(s.score for s in sinks):
+        return _winner(sinks).engine
+    # Head and tail are all runtime lines (a server that ran for days): the engine whose startup
+    # anchor comes last in the file is the one the last startup belongs to.
+    last = {e: max(src.rfind(n) for n in _ANCHORS.get(e, (ANCHOR, b"server_args="))) for e in ENGINES}
+    return max(ENGINES, key=lambda e: (last[e], e == "sglang"))
 
 
 def _whole_lines(block: bytes) -> bytes:

@@ -103,3 +103,26 @@ def test_engine_kind_forces_the_parser():
     assert code == 2 and "no SGLang startup lines" in err
     code, out, err = run_cli(["analyze", str(log), "--json", "--engine-kind", "vllm"])
     assert code in (0, 1) and json.loads(out)["targets"][0]["engine"]["name"] == "vllm"
+
+
+VLLM_RUNTIME = ("(APIServer pid=441) INFO 11-24 12:00:00 [loggers.py:127] Engine 000: Avg prompt throughput: 1234.5 "
+                "tokens/s, Avg generation throughput: 456.7 tokens/s, Running: 12 reqs, Waiting: 0 reqs, "
+                "GPU KV cache usage: 3.1%, Prefix cache hit rate: 41.2%\n").encode()
+
+
+@pytest.mark.parametrize("mib", [3, 20])  # more than the head and tail read; the whole file over 32 MiB
+@pytest.mark.parametrize("name", ["11_v0-09x-complete-util080-unused",
+                                  "19_v1-012dev-tp1-weights-available-tokens-to-capture"])
+def test_a_vllm_startup_deep_inside_runtime_lines_is_found(tmp_path, name, mib):
+    """Days of throughput lines before and after the startup: the head and the tail the engine is
+    guessed from hold no startup line, so the last startup anchor found in the file decides; the V0
+    excerpt begins at profiling, the V1 one at loading."""
+    excerpt = (CORPUS / name).with_suffix(".log").read_bytes()
+    noise = VLLM_RUNTIME * (mib * (1 << 20) // len(VLLM_RUNTIME))
+    log = tmp_path / "days.log"
+    log.write_bytes(noise + excerpt + noise)
+    alone, report = _report(CORPUS / (name + ".log")), _report(log)
+    assert report["engine"]["name"] == "vllm"
+    assert [w["available_kv_bytes"] for w in report["startup"]["ranks"]] == \
+        [w["available_kv_bytes"] for w in alone["startup"]["ranks"]]
+    assert report["startup"]["kv_cache_tokens"] == alone["startup"]["kv_cache_tokens"]
