@@ -22,7 +22,7 @@ import sys
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, List, Optional, Tuple
+from typing import Any, BinaryIO, List, Optional, Tuple, Union
 
 from collectors import lineformat
 from collectors.sglang import log as sglang_log
@@ -250,10 +250,18 @@ def _sniff(src: "_Blocks", size: int) -> str:
         _scan_block(tail[tail.find(b"\n") + 1:], 0, None, sinks)
     if any(s.score for s in sinks):
         return _winner(sinks).engine
-    # Head and tail are all runtime lines (a server that ran for days): the engine whose startup
-    # anchor comes last in the file is the one the last startup belongs to.
-    last = {e: max(src.rfind(n) for n in _ANCHORS.get(e, (ANCHOR, b"server_args="))) for e in ENGINES}
-    return max(ENGINES, key=lambda e: (last[e], e == "sglang"))
+    # Head and tail are all runtime lines (a server that ran for days): the engine of the last
+    # startup anchor in the file, found in one backward pass for every engine's anchors at once.
+    owner = {n: e for e in reversed(ENGINES) for n in _anchors(e)}
+    at = src.rfind(tuple(owner))
+    if at == -1:
+        return ENGINES[0]
+    here = src.read(at, max(len(n) for n in owner))
+    return next(e for n, e in owner.items() if here.startswith(n))
+
+
+def _anchors(engine: str) -> Tuple[bytes, ...]:
+    return _ANCHORS.get(engine, (ANCHOR, b"server_args="))
 
 
 def _whole_lines(block: bytes) -> bytes:
@@ -344,15 +352,17 @@ class _Blocks:
         self.f.seek(pos)
         return self.f.read(n)
 
-    def rfind(self, needle: bytes, end: Optional[int] = None) -> int:
-        """Offset of the last ``needle`` before ``end``, or -1; reads backwards block by block.
+    def rfind(self, needle: Union[bytes, Tuple[bytes, ...]], end: Optional[int] = None) -> int:
+        """Offset of the last ``needle`` (or of the last of several) before ``end``, or -1; reads
+        backwards block by block, so a needle near the end costs one block whatever the file size.
 
         A reader thread fills the next block (``os.preadv`` releases the GIL) while this thread
         searches the current one: on two cores a 2 GiB scan drops from 0.25 s to 0.16 s. Three
         buffers and a one-slot queue mean the reader never fills the buffer being searched.
         """
         pos = self.size if end is None else end
-        overlap = len(needle) - 1
+        needles = (needle,) if isinstance(needle, bytes) else needle
+        overlap = max(len(n) for n in needles) - 1
         if pos <= 0:
             return -1
         fd = self.f.fileno()
@@ -380,9 +390,9 @@ class _Blocks:
                 if item is None:
                     return -1
                 start, slot, got = item
-                hit = buffers[slot].rfind(needle, 0, got)
-                if hit != -1 and start + hit + len(needle) <= self.size:
-                    return start + hit
+                hits = [start + h for h in (buffers[slot].rfind(n, 0, got) for n in needles) if h != -1]
+                if hits:
+                    return max(hits)
         finally:
             stop.set()
             while thread.is_alive():  # unblock a reader waiting to put, then let it finish
@@ -442,11 +452,10 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
     if which > 0 or size <= WHOLE_FILE_BYTES:
         seg, whole_notes = _scan_window(src, 0, size, 0, keep=which, engine=engine)
         return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary, engine)
-    anchor = -1
-    for needle in _ANCHORS.get(engine, (ANCHOR, b"server_args=")):
-        anchor = src.rfind(needle)
-        if anchor != -1:
-            break
+    if engine == "vllm":  # no one line every vLLM startup prints: the last of any of them
+        anchor = src.rfind(_anchors(engine))
+    else:  # SGLang: the last load line, else (a startup that never loaded) the last server_args
+        anchor = next((at for at in (src.rfind(n) for n in _anchors(engine)) if at != -1), -1)
     notes: List[str] = []
     if anchor == -1:  # a fragment without a load line: read the tail only
         anchor = max(0, size - MAX_AFTER_ANCHOR_BYTES // 4)

@@ -13,6 +13,7 @@ always multiplies the device total ``T``; what is subtracted from ``T·u`` chang
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -280,6 +281,7 @@ def _era(events: Tuple[LogEvent, ...]) -> Era:
         if ev.kind == "engine_config" and ev.data.get("version"):
             clues.append("{}: engine banner v{}".format(where(ev), ev.data["version"]))
             v1 = v1 or ev.data.get("v1")
+            since, until = _banner_bounds(ev.data["version"], since, until)
         row = BY_NAME.get(ev.fmt)
         for clue in row.clues if row else ():
             found = clue(ev.data, ev.text)
@@ -297,6 +299,20 @@ def _era(events: Tuple[LogEvent, ...]) -> Era:
     inside = {g for n, lo, hi, g in ERAS if n in names}
     return Era(family, since, until, names[0] if len(names) == 1 else None,
                inside.pop() if len(inside) == 1 else None, tuple(dict.fromkeys(clues)))
+
+
+def _banner_bounds(text: str, since: Optional[Version], until: Optional[Version]) -> Tuple[Optional[Version],
+                                                                                          Optional[Version]]:
+    """The banner's own version narrows the era: a release ("0.11.0", "0.6.4.post1") pins it; a
+    pre-release or build of the main branch ("0.12.0.dev5+g…", "0.11.0rc2") is only no later."""
+    m = re.match(r"(\d{1,4})\.(\d{1,4})\.(\d{1,4})(\.post\d+)?(.*)$", text)
+    if m is None:
+        return since, until
+    v = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    if not m.group(5):
+        since = v if since is None or v > since else since
+    until = v if until is None or v < until else until
+    return since, until
 
 
 def _order(ev: LogEvent) -> Tuple[int, int]:
@@ -363,7 +379,10 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     tokens_evs = [e for e in events if e.kind == "kv_tokens" and e.data.get("tokens") is not None]
     reports = tuple(e.data["tokens"] for e in tokens_evs)
     blocks_ev = next((e for e in events if e.kind == "blocks"), None)
-    conc_ev = next((e for e in events if e.kind == "concurrency" and e.data), None)
+    # Before 0.12 every worker prints its own line; vLLM then gives every worker the smallest block
+    # count (kv_cache_utils.py get_kv_cache_configs / unify_kv_cache_configs), so the least binds.
+    conc_evs = [e for e in events if e.kind == "concurrency" and e.data and e.data.get("times") is not None]
+    conc_ev = min(conc_evs, key=lambda e: e.data["times"], default=None)
     conc = dict(conc_ev.data) if conc_ev else None
     if conc is None:
         merged = next((e for e in tokens_evs if e.data.get("concurrency")), None)
