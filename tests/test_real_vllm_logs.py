@@ -126,3 +126,24 @@ def test_a_vllm_startup_deep_inside_runtime_lines_is_found(tmp_path, name, mib):
     assert [w["available_kv_bytes"] for w in report["startup"]["ranks"]] == \
         [w["available_kv_bytes"] for w in alone["startup"]["ranks"]]
     assert report["startup"]["kv_cache_tokens"] == alone["startup"]["kv_cache_tokens"]
+
+
+def _finding_ids(report: dict) -> list:
+    return [f["code"] for f in report["findings"]]
+
+
+def test_serving_lines_after_a_startup_show_it_finished(tmp_path):
+    """The V1 excerpt stops at graph capture: alone it is a fragment; followed by the API server's
+    banner or the stat logger's lines, the server was up, and nothing of the startup is missing."""
+    name = "19_v1-012dev-tp1-weights-available-tokens-to-capture.log"
+    excerpt = (CORPUS / name).read_bytes()
+    assert "incomplete_startup" in _finding_ids(_report(CORPUS / name))
+    banner = b"(APIServer pid=1) INFO 11-24 11:44:30 [api_server.py:1971] Starting vLLM API server 0 on http://0.0.0.0:8000\n"
+    for tail in (VLLM_RUNTIME * 3, banner):
+        log = tmp_path / "served.log"
+        log.write_bytes(VLLM_RUNTIME * 2 + excerpt + tail)  # stat lines of an earlier run start no startup
+        report = _report(log)
+        assert "incomplete_startup" not in _finding_ids(report), tail
+        assert report["startup"]["count"] == 1 and report["startup"]["complete"] is True
+        assert len(report["startup"]["ranks"]) == 1
+        assert report["startup"]["ranks"][0]["available_kv_bytes"] == round(33.31 * GIB)

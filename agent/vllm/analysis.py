@@ -42,7 +42,8 @@ STAGE_WORDS = {"init": "worker init (the free-memory check)", "weights": "loadin
 _STAGE_OF_KIND = {"weights": "weights", "profile_begin": "profiling", "budget": "profiling",
                   "breakdown": "kv_cache", "global_profile": "kv_cache", "available_kv": "kv_cache",
                   "blocks": "kv_cache", "kv_tokens": "kv_cache", "concurrency": "kv_cache",
-                  "graph_begin": "graph_capture", "graph_end": "graph_capture", "init_done": "ready"}
+                  "graph_begin": "graph_capture", "graph_end": "graph_capture", "init_done": "ready",
+                  "serving": "ready"}
 _CAUSE_STAGE = {"insufficient_free_memory": "init", "max_model_len_too_large": "kv_cache",
                 "no_kv_memory": "kv_cache", "memory_freed_during_profiling": "profiling"}
 _FRAME_STAGE = (

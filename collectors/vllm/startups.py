@@ -65,6 +65,12 @@ class StartupSegmenter:
         return bool(self._closed) and self._closed[-1]
 
     def feed(self, ev: LogEvent) -> None:
+        if ev.kind == "serving":  # ends the open startup; alone (days of stat lines) it starts none
+            if self.startups and not self._closed[-1] and self._fed:
+                if self.startups[-1] is not _DROPPED:
+                    self.startups[-1].append(ev)  # type: ignore[union-attr]
+                self._closed[-1] = True
+            return
         key = (ev.rank or "", ev.fmt, ev.text)
         if self.startups and key in self._texts and ev.kind in _MEMORY_KINDS and ev.kind != "weights":
             return  # the same line again from the same worker
