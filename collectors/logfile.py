@@ -34,11 +34,14 @@ from collectors.vllm import log as vllm_log
 from collectors.vllm import startups as vllm_startups
 
 # Every line a parser recognises contains one of these: the needles of both engines' line-format
-# rows, reduced to the fewest that still find every row (collectors/lineformat.py).
-KEYWORDS = lineformat.keywords(tuple(FORMATS) + tuple(vllm_formats.FORMATS))
+# rows, reduced to the fewest that still find every row (collectors/lineformat.py); idle lines
+# (IDLE_NEEDLES: a server's stat lines) are looked for apart, only when a startup awaits its end.
+_IDLE_NEEDLES = {"vllm": vllm_formats.IDLE_NEEDLES}
+_VLLM_ROWS = tuple(r for r in vllm_formats.FORMATS if r.needle not in vllm_formats.IDLE_NEEDLES)
+KEYWORDS = lineformat.keywords(tuple(FORMATS) + _VLLM_ROWS)
 ENGINES = ("sglang", "vllm")
 # Each needle costs a pass over every block: once the engine is known, search only its own.
-_KEYWORDS_FOR = {("sglang",): lineformat.keywords(FORMATS), ("vllm",): lineformat.keywords(vllm_formats.FORMATS),
+_KEYWORDS_FOR = {("sglang",): lineformat.keywords(FORMATS), ("vllm",): lineformat.keywords(_VLLM_ROWS),
                  ENGINES: KEYWORDS}
 _PARSERS = {"sglang": sglang_log.parse_line, "vllm": vllm_log.parse_line}
 _SEGMENTERS = {"sglang": sglang_startups.StartupSegmenter, "vllm": vllm_startups.StartupSegmenter}
@@ -92,6 +95,7 @@ class _Sink:
         self.parse = _PARSERS[engine]
         self.seg = _SEGMENTERS[engine](keep=keep)
         self.score = 0
+        self.idle_b = tuple(n.encode() for n in _IDLE_NEEDLES.get(engine, ()))
 
     def feed(self, raw: str, line: Optional[int], offset: int) -> None:
         for ev in self.parse(raw, line, offset):
@@ -277,8 +281,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: List[_Sink]) -> int:
-    """Parse the keyword lines of ``buf`` (whole lines only); return its newline count."""
+    """Parse the keyword lines of ``buf`` (whole lines only); return its newline count.
+
+    An engine's idle lines (a server's stat lines, most of its log) are counted, and parsed only
+    where one ends a startup still open: the first after the open startup's last line."""
     starts = set()
+    idle = tuple(n for s in sinks for n in s.idle_b)
     for kw in _KEYWORDS_FOR.get(tuple(s.engine for s in sinks), KEYWORDS):
         i = buf.find(kw)
         while i != -1:
@@ -288,18 +296,36 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
             if end == -1:
                 break
             i = buf.find(kw, end)
+    for sink in sinks:
+        sink.score += sum(buf.count(n) for n in sink.idle_b)
     line = base_line
-    prev = 0
-    for start in sorted(starts):
+    prev = 0  # where the newline count stands
+    fed_end = 0  # the end of the last line fed
+
+    def feed(start: int) -> None:
+        nonlocal line, prev, fed_end
         end = buf.find(b"\n", start)
         if end == -1:
             end = len(buf)
         if line is not None:
             line += buf.count(b"\n", prev, start)
             prev = start
+        fed_end = end
         raw = buf[start:end].decode("utf-8", "replace")
         for sink in sinks:
             sink.feed(raw, None if line is None else line + 1, base_offset + start)
+
+    def feed_idle_before(limit: int) -> None:
+        """Feed the first idle line between the last fed line and ``limit`` if a startup awaits it."""
+        if idle and any(s.idle_b and s.seg.awaiting_end for s in sinks):
+            hits = [h for h in (buf.find(n, fed_end, limit) for n in idle) if h != -1]
+            if hits:
+                feed(buf.rfind(b"\n", 0, min(hits)) + 1)
+
+    for start in sorted(starts):
+        feed_idle_before(start)
+        feed(start)
+    feed_idle_before(len(buf))
     return buf.count(b"\n") if base_line is not None else 0
 
 

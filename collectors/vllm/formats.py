@@ -17,6 +17,9 @@ from collectors.units import GIB
 
 # Figures are printed with "%.2f" (or format_gib: round(x, 2)), so one is known to half a hundredth.
 PRINT_TOLERANCE_BYTES = GIB // 200
+# Lines that matter only to end a startup still open (the stat logger prints one every few seconds
+# for as long as the server runs): the reader skips them unparsed otherwise.
+IDLE_NEEDLES = ("Avg prompt throughput:",)
 
 _NUM = r"-?\d+(?:\.\d+)?"
 _INT = r"\d[\d,]*"

@@ -64,6 +64,11 @@ class StartupSegmenter:
     def current_closed(self) -> bool:
         return bool(self._closed) and self._closed[-1]
 
+    @property
+    def awaiting_end(self) -> bool:
+        """A startup is open: a serving line would end it."""
+        return bool(self.startups) and not self._closed[-1] and self._fed > 0
+
     def feed(self, ev: LogEvent) -> None:
         if ev.kind == "serving":  # ends the open startup; alone (days of stat lines) it starts none
             if self.startups and not self._closed[-1] and self._fed:
