@@ -46,8 +46,9 @@ _KEYWORDS_FOR = {("sglang",): lineformat.keywords(FORMATS), ("vllm",): lineforma
 _PARSERS = {"sglang": sglang_log.parse_line, "vllm": vllm_log.parse_line}
 _SEGMENTERS = {"sglang": sglang_startups.StartupSegmenter, "vllm": vllm_startups.StartupSegmenter}
 _GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
-# A startup's lines, in the order tried: the first found (searching backward) anchors the window.
-# The later ones find fragments that begin at profiling (V0) or at the KV report (V1).
+# Lines a vLLM startup prints (no single one is in every startup): the last of any of them,
+# searched backward in one pass, anchors the window. The later ones find fragments that begin at
+# profiling (V0) or at the KV report (V1). SGLang's (ANCHOR, then server_args=) are tried in order.
 _ANCHORS = {"vllm": (b"Model loading took", b"Loading model weights took", b"Available KV cache memory",
                      b"Memory profiling results:", b"the current vLLM instance can use", b" KV cache size: ",
                      b"# GPU blocks: ", b"# cuda blocks: ", b"# CUDA blocks: ")}
