@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import append, best, run  # noqa: E402
+from bench.common import append, best, run, write_log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"
@@ -34,18 +34,7 @@ def _noise_block() -> bytes:
 
 
 def _write(path: Path, startup_first: bool) -> None:
-    seed = SEED.read_bytes()
-    block = _noise_block()
-    with open(path, "wb") as f:
-        if startup_first:
-            f.write(seed)
-        written = 0
-        while written < SIZE - len(seed) - 4 * len(block):
-            f.write(block)
-            written += len(block)
-        if not startup_first:
-            f.write(seed)
-            f.write(block[:1 << 20])  # a little runtime after the startup
+    write_log(path, SEED.read_bytes(), _noise_block(), SIZE, startup_first)
 
 
 def main() -> int:

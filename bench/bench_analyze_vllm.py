@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import append, best, run  # noqa: E402
+from bench.common import append, best, run, write_log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTUPS = {"V0, finished": ROOT / "examples" / "vllm-v0-complete.log",
@@ -37,17 +37,7 @@ def _noise_block() -> bytes:
 
 
 def _write(path: Path, startup: bytes, first: bool) -> None:
-    block = _noise_block()
-    with open(path, "wb") as f:
-        if first:
-            f.write(startup)
-        written = 0
-        while written < SIZE - len(startup) - 4 * len(block):
-            f.write(block)
-            written += len(block)
-        if not first:
-            f.write(startup)
-            f.write(block[:1 << 20])  # a little runtime after the startup
+    write_log(path, startup, _noise_block(), SIZE, first)
 
 
 def main() -> int:

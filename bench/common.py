@@ -53,3 +53,18 @@ def append(title: str, lines: List[str]) -> str:
     with open(RESULTS, "a", encoding="utf-8") as f:
         f.write(text)
     return text
+
+
+def write_log(path: Path, startup: bytes, noise: bytes, size: int, first: bool) -> None:
+    """A ``size``-byte log of repeated ``noise`` lines with one ``startup`` at the very beginning
+    (``first``) or near the end, followed by a little runtime."""
+    with open(path, "wb") as f:
+        if first:
+            f.write(startup)
+        written = 0
+        while written < size - len(startup) - 4 * len(noise):
+            f.write(noise)
+            written += len(noise)
+        if not first:
+            f.write(startup)
+            f.write(noise[:1 << 20])
