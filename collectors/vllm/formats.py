@@ -300,9 +300,11 @@ FORMATS = (
          r"^Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)", _empty),
     _row("init_done", "init_done", "init engine (profile, create kv cache",
          r"^init engine \(profile, create kv cache, warmup model\) took", _empty),
-    # The server is up: the API server's banner (api_server.py run_server), then the stat logger's
-    # periodic line (V0 metrics.py, V1 loggers.py "Engine 000: …"). Either one ends a startup that
-    # printed no 'init engine … took' (V1), so a log of days of serving is not called a fragment.
+    # The server is up: the API server's banner (openai/api_server.py run_server_worker logs it
+    # inside `async with build_async_engine_client(...)`, i.e. after the engine, its KV cache and
+    # graphs are built, just before serve_http), then the stat logger's periodic line (V0
+    # metrics.py, V1 loggers.py "Engine 000: …"). Either ends a startup that printed no
+    # 'init engine … took' (V1), so a log of days of serving is not called a fragment.
     _row("api_server", "serving", "Starting vLLM API server", r"^Starting vLLM API server", _empty),
     _row("stat_logger", "serving", "Avg prompt throughput:", r"^(?:Engine \d+: )?Avg prompt throughput:", _empty),
     _row("engine_config", "engine_config", "LLM engine (v",
