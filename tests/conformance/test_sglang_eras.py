@@ -48,6 +48,14 @@ def _analyze(tmp_path, lines: List[str], *extra: str) -> Dict:
     return doc["targets"][0]
 
 
+def _loaded(d: str, args: str) -> List[str]:
+    """A 0.5.13+ launch up to the weights: server_args, then Load weight begin/end (PRE → POST GiB free)."""
+    return ["[{}] server_args={}".format(d, args),
+            "[{}] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
+            "[{}] Load weight end. elapsed=9.00 s, type=LlamaForCausalLM, quant=None, avail mem={:.2f} GB, "
+            "mem usage=39.20 GB.".format(d, POST)]
+
+
 def _config(tmp_path, cfg: Dict) -> str:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -224,17 +232,14 @@ def test_0_5_16_post_capture_resize_leaves_the_reserve_free(tmp_path):
     d = "2026-08-21 10:00:00"
     args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1)".format(MFS)
     kv_pre, kv_final = (t_pre + 1) * MHA_CELL / 2, (t_final + 1) * MHA_CELL
-    lines = ["[{}] server_args={}".format(d, args),
-             "[{}] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
-             "[{}] Load weight end. elapsed=9.00 s, type=LlamaForCausalLM, quant=None, avail mem={:.2f} GB, "
-             "mem usage=39.20 GB.".format(d, POST),
-             "[{}] KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB".format(
-                 d, t_pre, _gb(kv_pre), _gb(kv_pre)),
-             "[{}] Memory pool end. avail mem=39.00 GB".format(d),
-             "[{}] Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: {}, KV size: {} GB, "
-             "avail mem={:.2f} GB".format(d, t_final, _gb(kv_final), reserve),
-             "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-             "max_running_requests=2048, context_len=131072, available_gpu_mem={:.2f} GB".format(d, t_final, reserve)]
+    lines = _loaded(d, args) + [
+        "[{}] KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB".format(
+            d, t_pre, _gb(kv_pre), _gb(kv_pre)),
+        "[{}] Memory pool end. avail mem=39.00 GB".format(d),
+        "[{}] Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: {}, KV size: {} GB, "
+        "avail mem={:.2f} GB".format(d, t_final, _gb(kv_final), reserve),
+        "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests=2048, context_len=131072, available_gpu_mem={:.2f} GB".format(d, t_final, reserve)]
     t = _analyze(tmp_path, lines)
     b = _agrees(t, t_pre)
     assert "left 9.60 GiB free, the reserve (9.60 GiB): agrees" in b["explanation"], b
@@ -250,15 +255,12 @@ def test_page_size_and_the_0_5_11_padding_row(tmp_path):
     kv = (t_exp + page) * MHA_CELL / 2
     d = "2026-06-11 10:00:00"
     args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1, page_size={})".format(MFS, page)
-    lines = ["[{}] server_args={}".format(d, args),
-             "[{}] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
-             "[{}] Load weight end. elapsed=9.00 s, type=LlamaForCausalLM, quant=None, avail mem={:.2f} GB, "
-             "mem usage=39.20 GB.".format(d, POST),
-             "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB".format(
-                 d, t_exp, _gb(kv), _gb(kv)),
-             "[{}] Memory pool end. avail mem=9.00 GB".format(d),
-             "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-             "max_running_requests={}, context_len={}, available_gpu_mem=8.00 GB".format(d, t_exp, running, ctx)]
+    lines = _loaded(d, args) + [
+        "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB".format(
+            d, t_exp, _gb(kv), _gb(kv)),
+        "[{}] Memory pool end. avail mem=9.00 GB".format(d),
+        "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests={}, context_len={}, available_gpu_mem=8.00 GB".format(d, t_exp, running, ctx)]
     t = _analyze(tmp_path, lines)
     _agrees(t, t_exp)
     assert t["startup"]["ranks"][0]["req_to_token_bytes"] == (running + 1) * (ctx + 4) * 4

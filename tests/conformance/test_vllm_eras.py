@@ -259,6 +259,15 @@ _GRAPH_END = "Graph capturing finished in 5 secs, took {} GiB".format(_f2(G))
 _INIT_DONE = "init engine (profile, create kv cache, warmup model) took 30.00 seconds"
 
 
+def _advisory_line(u: float) -> str:
+    """0.21+ gpu_worker.py: the advisory that CUDA graphs are profiled inside the budget."""
+    return ("CUDA graph memory profiling is enabled (default since v0.21.0). The current "
+            "--gpu-memory-utilization={:.4f} "
+            "is equivalent to --gpu-memory-utilization={:.4f} without CUDA graph memory profiling. To maintain the "
+            "same effective KV cache size as before, increase --gpu-memory-utilization to {:.4f}. To disable, set "
+            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.".format(u, round(u - G / T, 4), round(u + G / T, 4)))
+
+
 def _tokens_line(tokens: int) -> str:
     return "GPU KV cache size: {:,} tokens".format(tokens)
 
@@ -401,10 +410,7 @@ def test_v1_e_estimate_inside_the_budget(tmp_path, u, kv_gib, blocks):
         "Model loading took {} GiB memory and 10.000000 seconds".format(_fg(W)),
         "Estimated CUDA graph memory: {} GiB total".format(_f2(G)),
     ]) + _lines("[gpu_worker.py:3{:02d}]", [
-        "CUDA graph memory profiling is enabled (default since v0.21.0). The current --gpu-memory-utilization={:.4f} "
-        "is equivalent to --gpu-memory-utilization={:.4f} without CUDA graph memory profiling. To maintain the same "
-        "effective KV cache size as before, increase --gpu-memory-utilization to {:.4f}. To disable, set "
-        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.".format(u, round(u - G / T, 4), round(u + G / T, 4)),
+        _advisory_line(u),
         "Available KV cache memory: {} GiB".format(_fg(kv)),
     ]) + _lines("[kv_cache_utils.py:{}]", [_tokens_line(tokens), _conc_line(conc)]) + _lines(
         "[gpu_model_runner.py:5{:03d}]", [
@@ -450,10 +456,7 @@ def test_v1_f_free_delta_suggestion_check(tmp_path):
         "Model loading took {} GiB memory and 10.000000 seconds".format(_fg(W)),
         "Estimated CUDA graph memory: {} GiB total".format(_f2(G)),
     ]) + _lines("[gpu_worker.py:7{:02d}]", [
-        "CUDA graph memory profiling is enabled (default since v0.21.0). The current --gpu-memory-utilization={:.4f} "
-        "is equivalent to --gpu-memory-utilization={:.4f} without CUDA graph memory profiling. To maintain the same "
-        "effective KV cache size as before, increase --gpu-memory-utilization to {:.4f}. To disable, set "
-        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.".format(U, round(U - G / T, 4), round(U + G / T, 4)),
+        _advisory_line(U),
         "Available KV cache memory: {} GiB".format(_fg(kv)),
         "Free memory on device ({}/{} GiB) on startup. Desired GPU memory utilization is ({}, {} GiB). Actual usage "
         "is {} GiB for consumed memory (weights + non-torch), {} GiB for peak activation, and {} GiB for CUDAGraph "
