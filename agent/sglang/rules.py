@@ -7,7 +7,7 @@ Codes are stable (documented in README); tolerances are named constants.
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from agent.citing import where
 from agent.records import Finding
@@ -155,24 +155,17 @@ def reserve_breakdown(a: Analysis) -> List[Tuple[str, int, str]]:
         post = d.post_load_avail_bytes
     if post is None or t.kv_bytes is None or r.final_avail_bytes is None:
         return []
-    rows: List[Tuple[str, int, str]] = []
     start = post - t.kv_bytes - (t.mamba_bytes or 0)
-    if r.req_to_token_bytes:
-        rows.append(("req_to_token table", r.req_to_token_bytes, r.sources.get("req_to_token_bytes", "")))
-    if t.workspace_bytes:
-        rows.append(("attention workspaces", t.workspace_bytes, t.sources.get("workspace_bytes", "")))
-    if t.graph_bytes:
-        rows.append(("CUDA graphs (target)", t.graph_bytes, t.sources.get("graph_bytes", "")))
+    # (label, ledger, field): a row for each item the ledger holds, in the order memory was taken.
+    items: List[Tuple[str, Any, str]] = [("req_to_token table", r, "req_to_token_bytes"),
+                                         ("attention workspaces", t, "workspace_bytes"),
+                                         ("CUDA graphs (target)", t, "graph_bytes")]
     if d is not None:
         if not a.budget.draft_in_budget:
-            if d.weights_bytes:
-                rows.append(("draft weights", d.weights_bytes, d.sources.get("weights_bytes", "")))
-            if d.kv_bytes:
-                rows.append(("draft KV pool", d.kv_bytes, d.sources.get("kv_bytes", "")))
-        if d.workspace_bytes:
-            rows.append(("draft workspaces", d.workspace_bytes, d.sources.get("workspace_bytes", "")))
-        if d.graph_bytes:
-            rows.append(("CUDA graphs (draft)", d.graph_bytes, d.sources.get("graph_bytes", "")))
+            items += [("draft weights", d, "weights_bytes"), ("draft KV pool", d, "kv_bytes")]
+        items += [("draft workspaces", d, "workspace_bytes"), ("CUDA graphs (draft)", d, "graph_bytes")]
+    rows: List[Tuple[str, int, str]] = [(label, getattr(led, name), led.sources.get(name, ""))
+                                        for label, led, name in items if getattr(led, name)]
     rows.append(("still free after startup", r.final_avail_bytes, r.sources.get("final_avail_bytes", "")))
     rest = start - sum(x[1] for x in rows)
     rows.append(("unexplained (allocator cache, pool metadata, buffers)", rest,
