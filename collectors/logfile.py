@@ -297,8 +297,9 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
             if end == -1:
                 break
             i = buf.find(kw, end)
-    for sink in sinks:
-        sink.score += sum(buf.count(n) for n in sink.idle_b)
+    if len(sinks) > 1:  # detecting the engine: idle lines are lines only their engine prints
+        for sink in sinks:
+            sink.score += sum(buf.count(n) for n in sink.idle_b)
     line = base_line
     prev = 0  # where the newline count stands
     fed_end = 0  # the end of the last line fed
