@@ -52,6 +52,10 @@ _GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
 _ANCHORS = {"vllm": (b"Model loading took", b"Loading model weights took", b"Available KV cache memory",
                      b"Memory profiling results:", b"the current vLLM instance can use", b" KV cache size: ",
                      b"# GPU blocks: ", b"# cuda blocks: ", b"# CUDA blocks: ")}
+# How the reader's notes name an engine's anchor line and the line that ends its startup.
+_ANCHOR_WORDS = {"sglang": "'Load weight begin'", "vllm": "vLLM startup (weights, profiling or KV cache size)"}
+_END_WORDS = {"sglang": "its summary line", "vllm": "'init engine … took', a graph capture after the KV cache, "
+                                                    "or a serving line"}
 SNIFF_BYTES = 1 << 20  # the head and the tail of a file say whose log it is
 # Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
 # longer the skips of the reverse search: 29 bytes scan 2 GiB in 0.13 s, 17 bytes in 0.24 s.
@@ -469,7 +473,7 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
                     break
             elif pos - anchor > MAX_AFTER_ANCHOR_BYTES:
                 notes.append("stopped reading {} MiB after the last startup began: it never printed "
-                             "its summary line".format(MAX_AFTER_ANCHOR_BYTES >> 20))
+                             "{}".format(MAX_AFTER_ANCHOR_BYTES >> 20, _END_WORDS.get(engine, "its end")))
                 break
     return seg, notes
 
@@ -487,8 +491,8 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
     notes: List[str] = []
     if anchor == -1:  # a fragment without a load line: read the tail only
         anchor = max(0, size - MAX_AFTER_ANCHOR_BYTES // 4)
-        notes.append("no 'Load weight begin' line in the file; read its last {} MiB".format(
-            (size - anchor) >> 20))
+        notes.append("no {} line in the file; read its last {} MiB".format(
+            _ANCHOR_WORDS.get(engine, "startup"), (size - anchor) >> 20))
     back = FIRST_WINDOW_BYTES
     while True:
         start = src.line_start(anchor - back)
