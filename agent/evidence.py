@@ -115,6 +115,12 @@ class Engine:
     server_args: Mapping[str, Any]
     port: int
     raw: Mapping[str, Any]  # the collector's dict, for the engine's own collectors' helpers
+    kind: str = "sglang"  # "sglang" | "vllm"
+
+    @property
+    def label(self) -> str:
+        """How reports and metrics name it: ``sglang-30000``, ``vllm-8000``."""
+        return "{}-{}".format(self.kind, self.port)
 
     @property
     def pids(self) -> Tuple[int, ...]:
@@ -131,12 +137,14 @@ class EngineLog:
     count: Optional[int]
     notes: Tuple[str, ...]
     problems: Tuple[Problem, ...]
+    engine: Optional[str] = None  # whose startup the lines are: "sglang" | "vllm"
 
 
 @dataclass(frozen=True)
 class EngineHttp:
     url: Optional[str]
     metrics: Mapping[str, float]
+    cache_config: Optional[Mapping[str, Any]] = None  # vLLM's cache_config_info labels
 
 
 @dataclass(frozen=True)
@@ -200,13 +208,13 @@ def _gpu(d: Mapping[str, Any]) -> Gpu:
 
 
 def _engine(d: Mapping[str, Any]) -> Engine:
-    from collectors.snapshot import engine_port
+    from collectors.snapshot import engine_kind, engine_port
 
     server = d.get("server")
     return Engine(_process(server) if server else None,
                   tuple((_process(s), s["rank"]) for s in d.get("schedulers") or ()),
                   tuple(_process(h) for h in d.get("helpers") or ()), dict(d.get("server_args") or {}),
-                  engine_port(d), d)
+                  engine_port(d), d, engine_kind(d))
 
 
 def parse(document: Any) -> Snapshot:
@@ -237,7 +245,9 @@ def parse(document: Any) -> Snapshot:
         engines, selected,
         {int(k): _process(v) for k, v in ((document.get("gpu_processes") or {}).get("processes") or {}).items()},
         EngineLog(log.get("status"), log.get("source"), tuple(tuple(x) for x in log.get("lines") or ()),  # type: ignore[misc]
-                  log.get("index"), log.get("count"), tuple(log.get("notes") or ()), _problems(log)),
-        cfg.get("config"), cfg.get("path"), EngineHttp(http.get("url"), dict(http.get("metrics") or {})),
+                  log.get("index"), log.get("count"), tuple(log.get("notes") or ()), _problems(log), log.get("engine")),
+        cfg.get("config"), cfg.get("path"),
+        EngineHttp(http.get("url"), dict(http.get("metrics") or {}),
+                   dict(http["cache_config"]) if isinstance(http.get("cache_config"), dict) else None),
         tuple(CollectorRun(r["name"], r["status"], r.get("duration_s")) for r in document.get("collector_runs") or ()),
         tuple(problems), document)

@@ -96,11 +96,12 @@ class Inspection:
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
     collected_nothing: bool = False
-    engine: Optional[str] = None  # "sglang-<port>" of the engine explained
+    engine: Optional[str] = None  # "sglang-<port>" / "vllm-<port>" of the engine explained
     engine_args: Optional[Dict[str, Any]] = None  # its flags from the command line (secrets redacted)
     history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
     other_engines: Tuple[Engine, ...] = ()  # the node's other servers
     verdict: Optional[Verdict] = None  # the answer first, from the findings and recommendations
+    engine_kind: Optional[str] = None  # "sglang" | "vllm"
 
     @property
     def engine_gpus(self) -> Tuple[GpuLedger, ...]:

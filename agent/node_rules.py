@@ -42,6 +42,22 @@ def worth_it(gain_tokens: Optional[int], pool_tokens: Optional[int]) -> bool:
     return pool_tokens is None or gain_tokens >= MIN_GAIN_POOL_SHARE * pool_tokens
 
 
+# How each engine is named, and the flag that sizes its KV budget.
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+BUDGET_FLAGS = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization"}
+
+
+def engine_kind(ctx: "Context") -> str:
+    """The engine explained: the live node's, else the log's."""
+    if ctx.live is not None and ctx.live.engine_kind:
+        return ctx.live.engine_kind
+    return getattr(ctx.analysis, "engine", "sglang")
+
+
+def engine_name(ctx: "Context") -> str:
+    return ENGINE_NAMES.get(engine_kind(ctx), "the engine")
+
+
 # --- the figures rules and exporters share -------------------------------------------------
 
 @dataclass(frozen=True)
@@ -178,9 +194,10 @@ def gpu_lost(ctx: "Context") -> Iterator[Finding]:
 
 def engine_not_found(ctx: "Context") -> Iterator[Finding]:
     if ctx.live is not None and ctx.live.engine is None:
-        yield Finding("engine_not_found", "info", "No SGLang server or scheduler process on this node",
-                      "Looked for `sglang.launch_server`, `sglang serve` and `sglang::scheduler*` command lines "
-                      "in /proc.", None, ("/proc/*/cmdline",))
+        yield Finding("engine_not_found", "info", "No SGLang or vLLM server on this node",
+                      "Looked for `sglang.launch_server`, `sglang serve`, `sglang::scheduler*`, `vllm serve`, "
+                      "`vllm.entrypoints.openai.api_server` and `VLLM::*` command lines in /proc.", None,
+                      ("/proc/*/cmdline",))
 
 
 def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
@@ -215,9 +232,9 @@ def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
         assert low is not None
         yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(
                           gib(spare), len(ctx.live.engine_gpus)),
-                      "{} ({} {}). SGLang sizes every rank alike, so the least free GPU is what can be given to the "
-                      "KV pool. Minus the {} margin: {}{}.".format(h.how, low.rank, low.name or "", gib(margin),
-                                                                   gib(spare), gain),
+                      "{} ({} {}). {} sizes every rank alike, so the least free GPU is what can be given to the "
+                      "KV pool. Minus the {} margin: {}{}.".format(h.how, low.rank, low.name or "", engine_name(ctx),
+                                                                   gib(margin), gib(spare), gain),
                       spare, (h.evidence,))
         return
     yield Finding("unused_gpu_memory", "warning",
@@ -243,7 +260,7 @@ def _low_headroom(ctx: "Context", h: Headroom, margin: int) -> Finding:
         return Finding("low_headroom", "warning", "Only {} free on GPU {}, below the {} margin".format(
             gib(h.free_bytes), h.gpu.index, gib(margin)),
             "{}. Out-of-memory errors under load are likely; give memory back with a lower "
-            "--mem-fraction-static.".format(h.how), h.free_bytes, (h.evidence,))
+            "{}.".format(h.how, BUDGET_FLAGS.get(engine_kind(ctx), "KV budget")), h.free_bytes, (h.evidence,))
     return Finding("low_headroom", "warning",
                    "Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
                    "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
@@ -337,25 +354,36 @@ def concurrency_bound(ctx: "Context") -> Iterator[Finding]:
               "Bound: {}.").format(t, r, c, s.source, full,
                                    " — not even one" if full == 0 else "", n, min(r, at_n), bound)
     sev = "warning" if full == 0 or bound == "KV tokens" else "info"
-    found = Finding("concurrency_bound", sev, title, detail, None, (s.source,))
-    yield _with_live_load(ctx, found) if ctx.live is not None else found
+    yield Finding("concurrency_bound", sev, title, detail, None, (s.source,))
 
 
-def _with_live_load(ctx: "Context", base: Finding) -> Finding:
-    assert ctx.live is not None
+# The engine's load now, from its /metrics: (metric, label, format), and the one that counts
+# queued requests (SGLang: collectors/engine_http.py; vLLM: the V0 and V1 metric names).
+LOAD_METRICS = {
+    "sglang": (("sglang:num_running_reqs", "running", "{:.0f}"), ("sglang:num_queue_reqs", "queued", "{:.0f}"),
+               ("sglang:token_usage", "KV token usage", "{:.0%}"),
+               ("sglang:num_used_tokens", "tokens in use", "{:,.0f}")),
+    "vllm": (("vllm:num_requests_running", "running", "{:.0f}"), ("vllm:num_requests_waiting", "waiting", "{:.0f}"),
+             ("vllm:kv_cache_usage_perc", "KV cache usage", "{:.0%}"),
+             ("vllm:gpu_cache_usage_perc", "KV cache usage", "{:.0%}"),
+             ("vllm:num_preemptions_total", "preemptions since start", "{:,.0f}")),
+}
+QUEUE_METRIC = {"sglang": "sglang:num_queue_reqs", "vllm": "vllm:num_requests_waiting"}
+
+
+def with_live_load(ctx: "Context", base: Finding) -> Finding:
+    """A concurrency finding with the engine's load now; requests waiting make it a warning."""
+    if ctx.live is None:
+        return base
     http = ctx.live.snapshot.http
     metrics = http.metrics
-    if not metrics:
+    kind = engine_kind(ctx)
+    live = ["{} {}".format(label, fmt.format(metrics[key])) for key, label, fmt in LOAD_METRICS.get(kind, ())
+            if key in metrics]
+    if not live:
         return base
-    live = []
-    for key, label, fmt in (("sglang:num_running_reqs", "running", "{:.0f}"),
-                            ("sglang:num_queue_reqs", "queued", "{:.0f}"),
-                            ("sglang:token_usage", "KV token usage", "{:.0%}"),
-                            ("sglang:num_used_tokens", "tokens in use", "{:,.0f}")):
-        if key in metrics:
-            live.append("{} {}".format(label, fmt.format(metrics[key])))
     url = http.url
-    queued = metrics.get("sglang:num_queue_reqs", 0)
+    queued = metrics.get(QUEUE_METRIC.get(kind, ""), 0)
     sev = "warning" if queued > 0 or base.severity == "warning" else "info"
     return replace(base, severity=sev, detail=base.detail + " Live ({}/metrics): {}.".format(url, ", ".join(live)),
                    evidence=base.evidence + ("{}/metrics".format(url),))
@@ -375,7 +403,12 @@ def foreign_gpu_process(ctx: "Context") -> Iterator[Finding]:
                 continue
             on_engine = g.index in engine_gpus
             cost = ""
-            if on_engine and cell:
+            if on_engine and engine_kind(ctx) == "vllm":
+                cost = (" vLLM's budget is a share of the GPU's total (--gpu-memory-utilization × total), not of the "
+                        "free memory: this process must fit beside it, and on a restart vLLM ≥ 0.9.1 refuses to "
+                        "start while free memory is below that share (older releases shrink the KV cache or "
+                        "over-commit).")
+            elif on_engine and cell:
                 cost = (" SGLang sizes every rank's KV pool from the minimum free memory across ranks, so while it "
                         "runs a restart gives all {} rank(s) {} less each: {:,} KV tokens per rank.").format(
                             len(engine_gpus), gib(p.used_bytes), p.used_bytes // cell)
@@ -451,7 +484,7 @@ def host_offload(insp: Inspection) -> Optional[HostOffload]:
 
 def host_ram_offload(ctx: "Context") -> Iterator[Finding]:
     insp = ctx.live
-    off = host_offload(insp) if insp is not None else None
+    off = host_offload(insp) if insp is not None and engine_kind(ctx) == "sglang" else None  # HiCache is SGLang's
     if insp is None or off is None:
         return
     a = insp.analysis
@@ -477,11 +510,11 @@ def other_engines(ctx: "Context") -> Iterator[Finding]:
         return
     parts: List[str] = []
     for e in servers:
-        pids = {p.pid for p, _ in e.workers}
+        pids = set(e.pids)
         gpus = sorted({g.index for g in insp.gpus for p in g.processes if p.pid in pids})
-        model = e.server_args.get("model_path") or "?"
-        parts.append("port {} ({}, {} scheduler(s) on GPU {})".format(
-            e.port, model, len(pids), ",".join(map(str, gpus)) or "none"))
-    yield Finding("other_engines", "info", "{} more SGLang server(s) on this node".format(len(servers)),
+        model = e.server_args.get("model_path") or e.server_args.get("model") or "?"
+        parts.append("{} on port {} ({}, {} worker process(es), on GPU {})".format(
+            ENGINE_NAMES.get(e.kind, e.kind), e.port, model, len(e.workers), ",".join(map(str, gpus)) or "none"))
+    yield Finding("other_engines", "info", "{} more inference server(s) on this node".format(len(servers)),
                   "Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
                       insp.engine or "none", "; ".join(parts)), None, ("/proc/*/cmdline",))

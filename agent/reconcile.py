@@ -11,17 +11,23 @@ the log's analysis, this live ledger and, when ``kvforensics record`` keeps it, 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from agent import evidence, rulebook
 from agent.analyze import analyze_startup
 from agent.evidence import Engine, Gpu, Process, Snapshot
 from agent.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, Owner
 from agent.records import Options, Problem
-from agent.sglang.analysis import Analysis
-from agent.sglang.ledger import RankLedger
+from agent.sglang import live as sglang_live
 from agent.verdict import verdict
-from collectors.sglang.startups import segment_lines
+from agent.vllm import live as vllm_live
+from collectors.sglang import startups as sglang_startups
+from collectors.vllm import startups as vllm_startups
+
+# Per engine: how its log lines split into startups, and which GPU process is which rank
+# (with the items its log says that rank holds).
+_SEGMENT = {"sglang": sglang_startups.segment_lines, "vllm": vllm_startups.segment_lines}
+_PLACE = {"sglang": sglang_live.place, "vllm": vllm_live.place}
 
 
 def _short(cmd: tuple) -> str:
@@ -29,21 +35,16 @@ def _short(cmd: tuple) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _analysis(snap: Snapshot, target: str, opts: Options) -> Optional[Analysis]:
+def _analysis(snap: Snapshot, target: str, opts: Options) -> Optional[Any]:
     log = snap.engine_log
-    startups = segment_lines(log.lines) if log.lines else []
+    kind = log.engine or (snap.selected.kind if snap.selected else "sglang")
+    startups = _SEGMENT.get(kind, sglang_startups.segment_lines)(log.lines) if log.lines else []
     if not startups:
         return None
     opts = replace(opts, model_config=dict(snap.model_config) if snap.model_config else opts.model_config,
                    model_config_path=snap.model_config_path or opts.model_config_path)
     return analyze_startup(startups[-1], target, opts, log.index, log.count, log.notes,
                            fallback_args=dict(snap.selected.server_args) if snap.selected else None)
-
-
-def _rank_ledger(analysis: Optional[Analysis], rank: Optional[str]) -> Optional[RankLedger]:
-    if analysis is None or rank is None:
-        return None
-    return next((r for r in analysis.ranks if r.rank == rank), None)
 
 
 def _owner(pid: int, info: Optional[Process], engine_pids: set, other_pids: set) -> Owner:
@@ -69,27 +70,11 @@ def _processes(gpu: Gpu, procs: Mapping[int, Process], ranks: Dict[int, str], en
     return out
 
 
-def _logged_items(led: Optional[RankLedger]) -> List[LedgerItem]:
-    """What the engine's log says its process on this GPU holds (items the log gives)."""
-    if led is None:
-        return []
-    t, d = led.target, led.draft
-    logged = [LedgerItem(ItemKind.WEIGHTS, t.weights_bytes, t.sources.get("weights_bytes", "")),
-              LedgerItem(ItemKind.KV_POOL, t.kv_bytes, t.sources.get("kv_bytes", "")),
-              LedgerItem(ItemKind.MAMBA, t.mamba_bytes, t.sources.get("mamba_bytes", "")),
-              LedgerItem(ItemKind.GRAPHS, t.graph_bytes, t.sources.get("graph_bytes", "")),
-              LedgerItem(ItemKind.WORKSPACES, (t.workspace_bytes or 0) + (led.req_to_token_bytes or 0) or None,
-                         "log gap before capture + formula"),
-              LedgerItem(ItemKind.DRAFT, d.total_bytes if d else None, "draft weights + KV + graphs from the log")]
-    return [x for x in logged if x.bytes]
-
-
-def _items(gpu: Gpu, processes: List[GpuProcess], led: Optional[RankLedger]) -> List[LedgerItem]:
+def _items(gpu: Gpu, processes: List[GpuProcess], logged: List[LedgerItem]) -> List[LedgerItem]:
     """NVML's used memory split by holder; the items sum to used (+ reserved + free)."""
     held = {owner: sum(p.used_bytes or 0 for p in processes if p.owner is owner) for owner in Owner}
     items: List[LedgerItem] = []
     if any(p.owner is Owner.ENGINE for p in processes):
-        logged = _logged_items(led)
         items.extend(logged)
         rest = held[Owner.ENGINE] - sum(x.bytes or 0 for x in logged)
         if logged:
@@ -114,17 +99,19 @@ def _items(gpu: Gpu, processes: List[GpuProcess], led: Optional[RankLedger]) -> 
     return items
 
 
-def _gpu_ledger(gpu: Gpu, procs: Mapping[int, Process], ranks: Dict[int, str], engine_pids: set,
-                other_pids: set, analysis: Optional[Analysis]) -> GpuLedger:
+def _gpu_ledger(gpu: Gpu, procs: Mapping[int, Process], placed: Dict[int, Tuple[str, List[LedgerItem]]],
+                engine_pids: set, other_pids: set) -> GpuLedger:
+    ranks = {pid: rank for pid, (rank, _) in placed.items()}
     processes = _processes(gpu, procs, ranks, engine_pids, other_pids)
-    rank = next((p.rank for p in reversed(processes) if p.rank is not None), None)
-    items = _items(gpu, processes, _rank_ledger(analysis, rank))
+    ranked = next((p for p in reversed(processes) if p.rank is not None), None)
+    rank = ranked.rank if ranked else None
+    items = _items(gpu, processes, placed[ranked.pid][1] if ranked else [])
     return GpuLedger(gpu.index, gpu.status, gpu.uuid, gpu.name, gpu.total_bytes, gpu.reserved_bytes, gpu.used_bytes,
                      gpu.free_bytes, tuple(processes), rank, tuple(items),
                      tuple(Problem(p.code, "GPU {}: {}".format(gpu.index, p.message)) for p in gpu.problems))
 
 
-def _status(snap: Snapshot, analysis: Optional[Analysis], gpus: List[GpuLedger], nothing: bool) -> str:
+def _status(snap: Snapshot, analysis: Optional[Any], gpus: List[GpuLedger], nothing: bool) -> str:
     if nothing:
         return "error"
     if snap.nvml.status != "ok" or snap.selected is None or analysis is None or any(g.status != "ok" for g in gpus):
@@ -137,15 +124,16 @@ def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any]
     engine: Optional[Engine] = snap.selected
     other_pids = {pid for e in snap.others for pid in e.pids}
     engine_pids = set(engine.pids) if engine else set()
-    ranks = {p.pid: rank for p, rank in engine.workers} if engine else {}
     analysis = _analysis(snap, target, opts)
-    gpus = [_gpu_ledger(g, snap.processes, ranks, engine_pids, other_pids, analysis) for g in snap.nvml.gpus]
+    gpu_pids = {p.pid for g in snap.nvml.gpus for p in g.processes}
+    placed = _PLACE[engine.kind](engine, analysis, gpu_pids) if engine else {}
+    gpus = [_gpu_ledger(g, snap.processes, placed, engine_pids, other_pids) for g in snap.nvml.gpus]
     problems = list(snap.problems) + [p for g in gpus for p in g.problems]
     nothing = (snap.nvml.status in ("absent", "failed", None) and snap.host_memory.status in ("failed", None)
                and not snap.engines)
     return Inspection(target, _status(snap, analysis, gpus, nothing), tuple(problems), snap, analysis,
                       tuple(gpus), snap.host_memory, opts, collected_nothing=nothing, history=history,
-                      engine=None if engine is None else "sglang-{}".format(engine.port),
+                      engine=None if engine is None else engine.label, engine_kind=engine.kind if engine else None,
                       engine_args=None if engine is None else dict(engine.server_args),
                       other_engines=snap.others)
 

@@ -89,6 +89,8 @@ def findings(ctx: Context) -> List[Finding]:
     rest: List[Finding] = []
     for rule in RULES:
         rest.extend(rule(ctx))
+    # On a live node, what bounds concurrency is shown beside the load now (any engine's finding).
+    rest = [node_rules.with_live_load(ctx, f) if f.code == "concurrency_bound" else f for f in rest]
     return first + most_severe_first(rest)
 
 

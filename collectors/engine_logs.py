@@ -20,14 +20,21 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
-from collectors.logfile import KEYWORDS, LogReadError, read_log
+from collectors.logfile import LogReadError, keywords_for, read_log
 from collectors.redact import redact_text
-from collectors.sglang.startups import Startup, segment_lines
+from collectors.sglang import startups as sglang_startups
+from collectors.vllm import startups as vllm_startups
 
 NAME = "engine_log"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:\-]{0,200}$")
 COMMAND_TIMEOUT_S = 15
 MAX_STREAM_LINES = 2_000_000  # bounds a journal or container log read backwards/forwards
+# Per engine: how its lines split into startups, and the line that opens one (a journal read
+# newest first stops there). vLLM before 0.10 prints no such line: the invocation bounds the read.
+_SEGMENT = {"sglang": sglang_startups.segment_lines, "vllm": vllm_startups.segment_lines}
+_LAUNCH_LINE = {"sglang": (b"server_args=",), "vllm": (b"non-default args:",)}
+_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "auto": "SGLang or vLLM"}
+Startup = Any  # collectors/sglang/startups.Startup or collectors/vllm/startups.Startup
 
 
 class LogSpecError(ValueError):
@@ -51,7 +58,7 @@ def parse_spec(spec: str) -> Tuple[str, str]:
 def spec_for(server: Optional[Dict[str, Any]]) -> Tuple[Optional[Tuple[str, str]], Optional[str]]:
     """Where a server process writes, or (None, reason)."""
     if server is None:
-        return None, "no SGLang server process found"
+        return None, "no server process found (only its workers)"
     out = server.get("stdout") or ""
     if out.startswith("file:"):
         return ("file", out[5:]), None
@@ -90,8 +97,8 @@ def _run(argv: List[str]) -> Tuple[Optional[subprocess.Popen], Optional[str]]:
         return None, "cannot run {}: {}".format(argv[0], exc)
 
 
-def _journal(unit: str) -> Tuple[List[Startup], List[str]]:
-    """This invocation's journal, newest first, until the startup's server_args line."""
+def _journal(unit: str, engine: str) -> Tuple[List[Startup], List[str]]:
+    """This invocation's journal, newest first, until the startup's launch line."""
     notes: List[str] = []
     argv = ["journalctl", "--no-pager", "-o", "cat", "-r", "-u", unit]
     show, _ = _run(["systemctl", "show", "-p", "InvocationID", "--value", unit])
@@ -108,15 +115,17 @@ def _journal(unit: str) -> Tuple[List[Startup], List[str]]:
         raise LogReadError("unreadable", "journal:{}: {}".format(unit, err))
     kept: List[Tuple[int, str]] = []
     count = 0
+    keywords = keywords_for(engine)
+    launch = _LAUNCH_LINE.get(engine) or tuple(n for needles in _LAUNCH_LINE.values() for n in needles)
     assert proc.stdout is not None
     for raw in proc.stdout:
         count += 1
-        if any(k in raw for k in KEYWORDS):
+        if any(k in raw for k in keywords):
             kept.append((count, raw.decode("utf-8", "replace").rstrip("\n")))
-            if b"server_args=" in raw:
+            if any(n in raw for n in launch):
                 break
         if count >= MAX_STREAM_LINES:
-            notes.append("stopped after {:,} journal lines without finding the startup's server_args".format(count))
+            notes.append("stopped after {:,} journal lines without finding the startup's launch line".format(count))
             break
     proc.kill()
     proc.wait()
@@ -126,29 +135,38 @@ def _journal(unit: str) -> Tuple[List[Startup], List[str]]:
     # Read newest first: renumber so line 1 is the oldest line read (the startup's server_args).
     lines = [(count - n + 1, count - n, raw) for n, raw in reversed(kept)]
     notes.append("journal:{}: line numbers count from the first journal line read (this invocation's "
-                 "server_args line)".format(unit))
-    return segment_lines(lines), notes
+                 "launch line)".format(unit))
+    return _segment(engine, lines), notes
 
 
-def _docker(name: str) -> Tuple[List[Startup], List[str]]:
+def _segment(engine: str, lines: List[Tuple[int, int, str]]) -> List[Startup]:
+    if engine in _SEGMENT:
+        return _SEGMENT[engine](lines)
+    return sglang_startups.segment_lines(lines) or vllm_startups.segment_lines(lines)
+
+
+def _docker(name: str, engine: str) -> Tuple[List[Startup], List[str]]:
     proc, err = _run(["docker", "logs", "--tail", str(MAX_STREAM_LINES), name])
     if proc is None:
         raise LogReadError("unreadable", "docker:{}: {}".format(name, err))
     assert proc.stdout is not None
     lines = []
+    keywords = keywords_for(engine)
     for number, raw in enumerate(proc.stdout, 1):
-        if any(k in raw for k in KEYWORDS):
+        if any(k in raw for k in keywords):
             lines.append((number, 0, raw.decode("utf-8", "replace").rstrip("\n")))
     proc.wait()
     if proc.returncode and not lines:
         raise LogReadError("unreadable", "docker:{}: docker logs failed (exit {})".format(name, proc.returncode))
-    return segment_lines(lines), ["docker logs: line numbers count from the first of the last {:,} "
+    return _segment(engine, lines), ["docker logs: line numbers count from the first of the last {:,} "
                                   "lines".format(MAX_STREAM_LINES)]
 
 
-def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, startup: int = -1) -> Dict[str, Any]:
+def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, startup: int = -1,
+            engine: str = "auto") -> Dict[str, Any]:
+    """``engine``: whose log it is ("sglang", "vllm": the server found; "auto": from the lines)."""
     section: Dict[str, Any] = {"status": "ok", "source": None, "lines": [], "index": None, "count": None,
-                               "index_from_end": None, "notes": [], "problems": []}
+                               "index_from_end": None, "engine": None, "notes": [], "problems": []}
     if spec is None:
         section["status"] = "absent"
         section["problems"].append({"code": "engine_log.not_found", "message": reason or "no log to read"})
@@ -157,13 +175,14 @@ def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, start
     section["source"] = "{}:{}".format(kind, name)
     try:
         if kind == "file":
-            excerpt = read_log(name, startup, engine="sglang")  # live discovery finds SGLang servers only
+            excerpt = read_log(name, startup, engine=engine)
             chosen, notes = excerpt.startup, list(excerpt.notes)
             section.update(index=excerpt.index, count=excerpt.count, index_from_end=excerpt.index_from_end)
         else:
-            startups, notes = _journal(name) if kind == "journal" else _docker(name)
+            startups, notes = _journal(name, engine) if kind == "journal" else _docker(name, engine)
             if not startups:
-                raise LogReadError("no_startup", "{}: no SGLang startup lines found".format(section["source"]))
+                raise LogReadError("no_startup", "{}: no {} startup lines found".format(
+                    section["source"], _NAMES.get(engine, engine)))
             if abs(startup) > len(startups):
                 raise LogReadError("usage", "{}: --startup {} does not exist; {} startup(s) read".format(
                     section["source"], startup, len(startups)))
@@ -174,5 +193,6 @@ def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, start
         section["problems"].append({"code": "engine_log." + exc.code, "message": exc.message})
         return section
     section["lines"] = _lines_of(chosen)
+    section["engine"] = getattr(chosen, "engine", "sglang")
     section["notes"] = notes
     return section

@@ -1,192 +1,146 @@
-"""SGLang processes on this node: servers, their scheduler processes (one per GPU rank), flags.
+"""Inference servers on this node: each server process, its workers (one per GPU rank), helpers, flags.
 
-Processes are recognised by their command line, not the 15-character ``comm``: the server
-keeps ``python -m sglang.launch_server …`` / ``sglang serve …``; schedulers are renamed by
-setproctitle to ``sglang::scheduler_TP3`` / ``sglang::scheduler_DP1_TP3`` (research §7.1;
-a tp=1, dp=1 scheduler is plain ``sglang::scheduler`` since 0.4.7). Flags are parsed the way
-SGLang's argparse reads them: aliases and unique prefixes (``--tp 8`` is ``--tp-size 8``).
+Engine-neutral: each engine's ``processes`` module (``collectors/sglang``, ``collectors/vllm``)
+says which command lines are its servers, workers and helpers and how its flags read; this
+module walks /proc once and groups the processes under their server by the parent-PID chain.
+Processes are recognised by their command line, not the 15-character ``comm`` (setproctitle
+titles are longer).
 
-Output: ``{"status", "engines": [{"server": process|None, "schedulers": [process + "rank"],
-"helpers": [process], "server_args": {...}, "launch": "launch_server"|"serve"|None}],
-"problems": [...]}`` (process dicts from ``collectors/procfs.py``).
+Output: ``{"status", "engines": [{"kind": "sglang"|"vllm", "server": process|None, "schedulers":
+[process + "rank"] (the GPU workers: SGLang's schedulers, vLLM's engine cores and workers),
+"helpers": [process], "server_args": {...}, "launch": …}], "problems": [...]}`` (process dicts
+from ``collectors/procfs.py``). The ``schedulers`` key keeps its first name so that bundles
+written before vLLM was supported still read.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from collectors import procfs
 from collectors.redact import redact_argv, redact_mapping
+from collectors.sglang import processes as sglang_processes
+from collectors.vllm import processes as vllm_processes
 
 NAME = "engines"
-
-# canonical dest -> spellings SGLang accepts (research §7.3, §5)
-_ALIASES = {
-    "model_path": ("--model-path", "--model"),
-    "tp_size": ("--tp-size", "--tensor-parallel-size"),
-    "dp_size": ("--dp-size", "--data-parallel-size"),
-    "pp_size": ("--pp-size", "--pipeline-parallel-size"),
-    "ep_size": ("--ep-size", "--expert-parallel-size", "--ep"),
-    "enable_hierarchical_cache": ("--enable-hierarchical-cache", "--enable-hicache"),
-}
-# Long options SGLang defines that kvforensics reads; used for argparse's prefix matching.
-_KNOWN = (
-    "--model-path", "--tokenizer-path", "--served-model-name", "--context-length", "--dtype", "--quantization",
-    "--mem-fraction-static", "--max-total-tokens", "--max-running-requests", "--max-prefill-tokens",
-    "--chunked-prefill-size", "--page-size", "--kv-cache-dtype", "--tp-size", "--dp-size", "--pp-size",
-    "--ep-size", "--enable-dp-attention", "--attn-dp-size", "--speculative-algorithm",
-    "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
-    "--speculative-num-draft-tokens", "--cuda-graph-max-bs", "--cuda-graph-bs", "--disable-cuda-graph",
-    "--enable-hierarchical-cache", "--hicache-ratio", "--hicache-size", "--hicache-write-policy",
-    "--hicache-storage-backend", "--hicache-mem-layout", "--enable-metrics", "--host", "--port",
-    "--log-level", "--trust-remote-code", "--disable-radix-cache", "--api-key", "--attention-backend",
-    "--swa-full-tokens-ratio", "--max-mamba-cache-size", "--enable-torch-compile", "--schedule-policy",
-    "--tensor-parallel-size", "--data-parallel-size", "--pipeline-parallel-size", "--expert-parallel-size",
-    "--enable-hicache", "--model",
-)
-# Flags that take no value (store_true): any --enable-*/--disable-* plus these.
-_SWITCHES = ("--trust-remote-code", "--skip-tokenizer-init", "--is-embedding", "--enable-metrics")
+KINDS = {sglang_processes.ENGINE: sglang_processes, vllm_processes.ENGINE: vllm_processes}
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+_ANCESTRY_DEPTH = 8
 
 
-def _dest(option: str) -> str:
-    for dest, spellings in _ALIASES.items():
-        if option in spellings:
-            return dest
-    return option.lstrip("-").replace("-", "_")
-
-
-def _resolve(option: str) -> str:
-    """argparse's unique-prefix rule over the options we know; unknown options stay as given."""
-    if option in _KNOWN:
-        return option
-    matches = [k for k in _KNOWN if k.startswith(option)]
-    dests = {_dest(m) for m in matches}
-    return matches[0] if len(dests) == 1 else option
-
-
-def _value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if text in ("True", "true"):
-        return True
-    if text in ("False", "false"):
-        return False
-    if text in ("None", "null"):
-        return None
-    return text
-
-
-def parse_flags(argv: List[str]) -> Dict[str, Any]:
-    """SGLang server args from a command line (everything after the launch form)."""
-    args: Dict[str, Any] = {}
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if not token.startswith("--"):
-            if i == 0 and "model_path" not in args:  # `sglang serve <model>` (0.5.23)
-                args["model_path"] = token
-            i += 1
-            continue
-        name, eq, inline = token.partition("=")
-        option = _resolve(name)
-        dest = _dest(option)
-        if eq:
-            args[dest] = _value(inline)
-        elif option.startswith(("--enable-", "--disable-")) or option in _SWITCHES:
-            args[dest] = True
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            args[dest] = _value(argv[i + 1])
-            i += 1
-        else:
-            args[dest] = True
-        i += 1
-    return args
-
-
-def classify(argv: List[str]) -> Optional[Dict[str, Any]]:
-    """("server", launch form, flags start) / ("scheduler", rank) / ("helper", title) or None."""
-    if not argv:
-        return None
-    head = argv[0]
-    if head.startswith("sglang::scheduler"):
-        suffix = head[len("sglang::scheduler"):].strip("_ ")
-        return {"role": "scheduler", "rank": " ".join(t for t in suffix.split("_") if t)}
-    if head.startswith("sglang::"):
-        return {"role": "helper", "title": head}
-    for i, token in enumerate(argv[:4]):
-        if token == "sglang.launch_server" or token.endswith("/sglang/launch_server.py"):
-            return {"role": "server", "launch": "launch_server", "flags_at": i + 1}
-        if token.rsplit("/", 1)[-1] == "sglang" and i + 1 < len(argv) and argv[i + 1] == "serve":
-            return {"role": "server", "launch": "serve", "flags_at": i + 2}
+def classify(argv: List[str]) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """(engine kind, role) of a command line, or None: not an inference server's process."""
+    for kind, module in KINDS.items():
+        role = module.classify(argv)
+        if role is not None:
+            return kind, role
     return None
 
 
-def collect(root: str = "/") -> Dict[str, Any]:
-    servers: List[Dict[str, Any]] = []
-    schedulers: List[Dict[str, Any]] = []
-    helpers: List[Dict[str, Any]] = []
+def default_port(kind: str) -> int:
+    return KINDS[kind].DEFAULT_PORT if kind in KINDS else sglang_processes.DEFAULT_PORT
+
+
+def _scan(root: str) -> List[Dict[str, Any]]:
+    """Every process an engine module recognises, with its kind and role."""
+    found = []
     for pid in procfs.pids(root):
         argv = procfs.cmdline(root, pid)
-        kind = classify(argv or [])
-        if kind is None:
+        hit = classify(argv or [])
+        if hit is None:
             continue
         proc = procfs.process(root, pid, redact_argv(argv or []))
         if proc is None:
             continue
-        if kind["role"] == "server":
-            proc["launch"] = kind["launch"]
-            proc["server_args"] = redact_mapping(parse_flags((argv or [])[kind["flags_at"]:]))
-            servers.append(proc)
-        elif kind["role"] == "scheduler":
-            proc["rank"] = kind["rank"]
-            schedulers.append(proc)
+        kind, role = hit
+        proc["_kind"], proc["_role"] = kind, role
+        if role["role"] == "server":
+            proc["launch"] = role["launch"]
+            proc["server_args"] = redact_mapping(KINDS[kind].parse_flags((argv or [])[role["flags_at"]:]))
+        elif "rank" in role:
+            proc["rank"] = role["rank"]
         else:
-            proc["title"] = kind["title"]
-            helpers.append(proc)
-    engines = []
-    by_pid = {s["pid"]: {"server": s, "schedulers": [], "helpers": [], "server_args": s["server_args"],
-                          "launch": s["launch"]} for s in sorted(servers, key=lambda p: p["pid"])}
-    orphans: Dict[str, Any] = {"server": None, "schedulers": [], "helpers": [], "server_args": {}, "launch": None}
-    parents = {p["pid"]: p.get("ppid") for p in servers + schedulers + helpers}
-    for proc, key in [(s, "schedulers") for s in schedulers] + [(h, "helpers") for h in helpers]:
-        owner = _owner(proc, by_pid, parents, root)
-        (by_pid[owner] if owner is not None else orphans)[key].append(proc)
-    engines = list(by_pid.values())
-    if orphans["schedulers"]:
-        engines.append(orphans)
-    for e in engines:
-        e["schedulers"].sort(key=lambda p: _rank_key(p["rank"]))
-    problems = []
-    if orphans["schedulers"]:
-        pids = ", ".join(str(p["pid"]) for p in orphans["schedulers"])
-        problems.append({"code": "engines.server_not_found",
-                         "message": "scheduler processes without a visible server process (its command line "
-                                    "holds the flags): {}".format(pids)})
-    return {"status": "ok" if engines else "absent", "engines": engines, "problems": problems}
+            proc["title"] = role["title"]
+        found.append(proc)
+    return found
 
 
-def _owner(proc: Dict[str, Any], servers: Dict[int, Any], parents: Dict[int, Any], root: str) -> Optional[int]:
-    """Walk parent PIDs up to a server process (schedulers are its multiprocessing children)."""
+def _ancestor_server(proc: Dict[str, Any], servers: Dict[int, Any], parents: Dict[int, Any],
+                     root: str) -> Optional[int]:
+    """Walk parent PIDs up to a server process of the same engine (workers are its descendants)."""
     pid = proc.get("ppid")
-    for _ in range(8):
+    for _ in range(_ANCESTRY_DEPTH):
         if pid is None or pid <= 1:
             return None
-        if pid in servers:
+        if pid in servers and servers[pid]["_kind"] == proc["_kind"]:
             return pid
         parent = parents.get(pid)
         if parent is None:
             info = procfs.process(root, pid)
             parent = info.get("ppid") if info else None
+            parents[pid] = parent
         pid = parent
     return None
 
 
+def _engine(server: Optional[Dict[str, Any]], kind: str) -> Dict[str, Any]:
+    return {"kind": kind, "server": server, "schedulers": [], "helpers": [],
+            "server_args": server["server_args"] if server else {}, "launch": server["launch"] if server else None}
+
+
+def _public(proc: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in proc.items() if not k.startswith("_")}
+
+
+def collect(root: str = "/") -> Dict[str, Any]:
+    found = _scan(root)
+    parents = {p["pid"]: p.get("ppid") for p in found}
+    candidates = {p["pid"]: p for p in found if p["_role"]["role"] == "server"}
+    # A forked worker keeps its server's command line (vLLM V0's default): a "server" below
+    # another server of its engine is that server's child, not a second server.
+    servers = {pid: p for pid, p in candidates.items() if _ancestor_server(p, candidates, parents, root) is None}
+    by_pid = {pid: _engine(p, p["_kind"]) for pid, p in sorted(servers.items())}
+    orphans: Dict[str, Dict[str, Any]] = {}
+    for proc in found:
+        if proc["pid"] in servers:
+            continue
+        role = proc["_role"]["role"]
+        owner = _ancestor_server(proc, servers, parents, root)
+        if owner is None and role == "child" and proc["_kind"] == "vllm":
+            # Ray's worker actors are children of the raylet, not of the server: one vLLM server
+            # on the node owns them; with several, they cannot be placed.
+            mine = [pid for pid, s in servers.items() if s["_kind"] == "vllm"]
+            owner = mine[0] if len(mine) == 1 else None
+        if role == "server":  # a forked child of a server
+            proc = dict(proc, rank="")
+            role = "worker"
+        if owner is None:
+            if role == "worker":
+                orphans.setdefault(proc["_kind"], _engine(None, proc["_kind"]))["schedulers"].append(_public(proc))
+            continue  # a helper or an untitled child without a server is not an engine's
+        key = "schedulers" if role in ("worker", "child") else "helpers"
+        item = _public(proc)
+        if key == "schedulers":
+            item.setdefault("rank", "")
+            item.pop("server_args", None)
+            item.pop("launch", None)
+        by_pid[owner][key].append(item)
+    engines = [dict(e, server=_public(e["server"]) if e["server"] else None) for e in by_pid.values()]
+    engines.extend(orphans.values())
+    for e in engines:
+        e["schedulers"].sort(key=lambda p: _rank_key(p["rank"]))
+    problems = []
+    for kind, group in orphans.items():
+        pids = ", ".join(str(p["pid"]) for p in group["schedulers"])
+        problems.append({"code": "engines.server_not_found",
+                         "message": "{} worker processes without a visible server process (its command line "
+                                    "holds the flags): {}".format(ENGINE_NAMES[kind], pids)})
+    return {"status": "ok" if engines else "absent", "engines": engines, "problems": problems}
+
+
 def _rank_key(rank: str) -> List[Any]:
     out: List[Any] = []
-    for token in rank.split():
+    for token in rank.replace("_", " ").split():
         name = token.rstrip("0123456789")
         out.append((name, int(token[len(name):][:9] or 0)))  # a forged title cannot make a huge int
     return out

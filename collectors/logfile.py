@@ -44,6 +44,13 @@ ENGINES = ("sglang", "vllm")
 _KEYWORDS_FOR = {("sglang",): lineformat.keywords(FORMATS), ("vllm",): lineformat.keywords(_VLLM_ROWS),
                  ENGINES: KEYWORDS}
 _PARSERS = {"sglang": sglang_log.parse_line, "vllm": vllm_log.parse_line}
+
+
+def keywords_for(engine: str) -> Tuple[bytes, ...]:
+    """The needles of one engine's lines ("auto": both engines')."""
+    return _KEYWORDS_FOR.get((engine,), KEYWORDS)
+
+
 _SEGMENTERS = {"sglang": sglang_startups.StartupSegmenter, "vllm": vllm_startups.StartupSegmenter}
 _GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
 # Lines a vLLM startup prints (no single one is in every startup): the last of any of them,

@@ -80,9 +80,16 @@ def _gpu_processes(root: str, nvml_section: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def engine_kind(engine: Dict[str, Any]) -> str:
+    """"sglang" or "vllm"; a bundle written before vLLM was supported has no kind: SGLang."""
+    kind = engine.get("kind")
+    return kind if kind in engines.KINDS else "sglang"
+
+
 def engine_port(engine: Dict[str, Any]) -> int:
-    port = engine.get("server_args", {}).get("port", 30000)
-    return port if isinstance(port, int) else 30000
+    default = engines.default_port(engine_kind(engine))
+    port = (engine.get("server_args") or {}).get("port", default)
+    return port if isinstance(port, int) else default
 
 
 def selected_engine(snap: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -111,7 +118,9 @@ def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, An
             used[p["pid"]] = used.get(p["pid"], 0) + (p.get("used_bytes") or 0)
 
     def weight(engine: Dict[str, Any]) -> int:
-        return sum(used.get(s["pid"], 0) for s in engine["schedulers"])
+        procs = list(engine["schedulers"]) + list(engine.get("helpers") or []) + (
+            [engine["server"]] if engine.get("server") else [])  # vLLM V0's server holds GPU 0 itself
+        return sum(used.get(p["pid"], 0) for p in procs)
 
     return max(engine_list, key=weight)
 
@@ -119,7 +128,7 @@ def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, An
 def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None, startup: int = -1,
             model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
             engine: Optional[int] = None) -> Dict[str, Any]:
-    """``engine``: the port of the SGLang server to explain (default: the one with most GPU memory)."""
+    """``engine``: the port of the server to explain (default: the one with most GPU memory)."""
     runs: List[Dict[str, Any]] = []
     snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(),
                             "taken_at_unix_s": round(time.time(), 3),
@@ -136,10 +145,11 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
     snap["engines"]["selected"] = next((i for i, e in enumerate(engine_list) if e is chosen), None)
     if engine is not None and chosen is None:
         snap["engines"].setdefault("problems", []).append({"code": "engines.port_not_found", "message": (
-            "no SGLang server on port {} (servers here: {})".format(engine, ", ".join(
+            "no inference server on port {} (servers here: {})".format(engine, ", ".join(
                 str(engine_port(e)) for e in engine_list if e.get("server")) or "none"))})
     server = chosen.get("server") if chosen else None
     args = chosen.get("server_args", {}) if chosen else {}
+    kind = engine_kind(chosen) if chosen else None
 
     # Log parsing (dozens of regexes), HTTP and config reading are imported only when there is
     # something to read: on a host without an engine the probe starts ~40 ms sooner (bench/).
@@ -148,27 +158,29 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
 
         def log_section() -> Dict[str, Any]:
             if log:
-                return engine_logs.collect(engine_logs.parse_spec(log), None, startup)
+                return engine_logs.collect(engine_logs.parse_spec(log), None, startup, kind or "auto")
             spec, reason = engine_logs.spec_for(server)
-            return engine_logs.collect(spec, reason, startup)
+            return engine_logs.collect(spec, reason, startup, kind or "auto")
 
         snap["engine_log"] = _run(engine_logs.NAME, log_section, runs, strict)
     else:
         snap["engine_log"] = {"status": "absent", "source": None, "lines": [], "index": None, "count": None,
                               "index_from_end": None, "notes": [], "problems": [
-                                  {"code": "engine_log.not_found", "message": "no SGLang server process found"}]}
+                                  {"code": "engine_log.not_found", "message": "no inference server process found"}]}
+
+    model = args.get("model_path") or args.get("model")  # SGLang's --model-path, vLLM's MODEL / --model
 
     def config_section() -> Dict[str, Any]:
         from collectors import model_config
 
         path = model_config_path
-        if path is None and args.get("model_path"):
+        if path is None and model:
             env = _env_hint(root, server["pid"]) if server else {}
-            path = model_config.locate(str(args["model_path"]), env, env.get("HOME"))
+            path = model_config.locate(str(model), env, env.get("HOME"))
             if path is None:
                 return {"status": "absent", "path": None, "config": None, "problems": [{
                     "code": "model_config.not_found",
-                    "message": "no config.json for --model-path {} (pass --model-config)".format(args["model_path"])}]}
+                    "message": "no config.json for the model {} (pass --model-config)".format(model)}]}
         try:
             return {"status": "ok", "path": model_config.find_config(path) or path,
                     "config": model_config.load_model_config(path), "problems": []}
@@ -176,15 +188,17 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
             return {"status": "failed", "path": path, "config": None,
                     "problems": [{"code": "model_config.unreadable", "message": str(exc)}]}
 
-    if model_config_path or args.get("model_path"):
+    if model_config_path or model:
         snap["model_config"] = _run("model_config", config_section, runs, strict)
     else:
         snap["model_config"] = {"status": "absent", "path": None, "config": None, "problems": []}
     if http and chosen is not None and server is not None:
         from collectors import engine_http
 
-        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args), runs, strict)
+        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind or "sglang"), runs,
+                                   strict)
     else:
-        snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {}, "problems": []}
+        snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {},
+                               "cache_config": None, "problems": []}
     snap["collector_runs"] = runs
     return snap

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from collectors import engine_http, engine_logs, engines, host_memory, procfs
+from collectors.sglang import processes as sglang_processes
 from collectors.redact import REDACTED, redact_argv, redact_mapping
 from tests.conftest import SEED_LOG
 
@@ -29,26 +30,26 @@ from tests.conftest import SEED_LOG
                                                                                     "speculative_num_draft_tokens": 4}),
 ])
 def test_flags_like_argparse(argv, expected):
-    assert engines.parse_flags(argv) == expected
+    assert sglang_processes.parse_flags(argv) == expected
 
 
 def test_ambiguous_prefix_is_kept_as_given():
     # --max could be --max-total-tokens, --max-running-requests or --max-prefill-tokens
-    assert engines.parse_flags(["--max", "5"]) == {"max": 5}
+    assert sglang_processes.parse_flags(["--max", "5"]) == {"max": 5}
 
 
 @pytest.mark.parametrize("argv,role", [
     (["python3", "-m", "sglang.launch_server", "--tp", "8"], "server"),
     (["/usr/bin/python3", "/opt/sglang/python/sglang/launch_server.py"], "server"),
     (["/opt/venv/bin/sglang", "serve", "--model-path", "/m"], "server"),
-    (["sglang::scheduler_DP1_TP3"], "scheduler"),
-    (["sglang::scheduler"], "scheduler"),
+    (["sglang::scheduler_DP1_TP3"], "worker"),
+    (["sglang::scheduler"], "worker"),
     (["sglang::detokenizer"], "helper"),
     (["python3", "train.py"], None),
     (["vim", "sglang.launch_server.md"], None),
 ])
 def test_classify(argv, role):
-    kind = engines.classify(argv)
+    kind = sglang_processes.classify(argv)
     assert (kind or {}).get("role") == role
     if argv[0] == "sglang::scheduler_DP1_TP3":
         assert kind["rank"] == "DP1 TP3"

@@ -13,12 +13,13 @@ always multiplies the device total ``T``; what is subtracted from ``T·u`` chang
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.citing import CitesEvent, where
-from agent.records import Finding, Options, Problem, Recommendation
+from agent.records import Finding, KvChange, Options, Problem, Recommendation
 from collectors.events import LogEvent
 from collectors.lineformat import Version
 from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES
@@ -197,10 +198,34 @@ class Analysis:
         graphs = [w.cuda_graph_bytes for w in self.ranks if w.cuda_graph_bytes is not None]
         return (max(graphs) if graphs else 0), bool(graphs)
 
-    def kv_change(self, delta_bytes: int) -> None:
-        """The protocol's flag change for a KV budget move: not offered for vLLM yet (its flag,
-        --gpu-memory-utilization, is advised by vLLM's own rules with the era's meaning)."""
-        return None
+    def sized_worker(self) -> Optional[Worker]:
+        """The first worker that printed the device total and the fraction (what a new u is sized from)."""
+        return next((w for w in self.ranks if w.total_gpu_bytes and w.gpu_memory_utilization is not None), None)
+
+    def utilization_for(self, delta_bytes: int) -> Optional[Tuple[float, int]]:
+        """(new --gpu-memory-utilization, bytes it moves per worker) for a budget move of about
+        ``delta_bytes``: u + delta/T rounded down to 0.01. In every era the budget is T·u, so the
+        KV memory moves by the budget's move (0.20+ graphs sit inside it, still a constant)."""
+        w = self.sized_worker()
+        if w is None or not delta_bytes:
+            return None
+        assert w.total_gpu_bytes is not None and w.gpu_memory_utilization is not None
+        u, total = w.gpu_memory_utilization, w.total_gpu_bytes
+        new = math.floor((u + delta_bytes / total) * 100 + 1e-9) / 100
+        new = min(max(new, 0.01), 1.0)
+        gain = int(round((new - u) * total))
+        return (new, gain) if gain else None
+
+    def kv_change(self, delta_bytes: int) -> Optional[KvChange]:
+        """The protocol's flag change for a KV budget move, in tokens only where the log gives the
+        bytes per token (before 0.21: available KV ÷ GPU KV cache size)."""
+        moved = self.utilization_for(delta_bytes)
+        cell = self.budget.cell_bytes
+        if moved is None or not cell:
+            return None
+        new, gain = moved
+        return KvChange("--gpu-memory-utilization", "{:.2f}".format(new), gain, gain // cell,
+                        "rounded down to 0.01 of the device total")
 
     def headroom(self) -> Tuple[Optional[int], str]:
         """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Iterator
 
-from agent.node_rules import UNUSED_WARN_BYTES
+from agent.node_rules import spare_memory
 from agent.records import Recommendation
 from agent.vllm.analysis import Analysis
 from collectors.units import gib
@@ -41,25 +41,26 @@ def on_failure(ctx: "Context") -> Iterator[Recommendation]:
 
 
 def raise_utilization(ctx: "Context") -> Iterator[Recommendation]:
+    """Memory no budget covers, beyond the margin, into the budget: measured on a live node (NVML,
+    or the run's low-water mark), else estimated from the startup's figures."""
     a = ctx.analysis
-    if not isinstance(a, Analysis) or a.failed is not None or ctx.live is not None:
+    if not isinstance(a, Analysis) or a.failed is not None:
         return
-    free, src = a.headroom()
-    w = next((x for x in a.ranks if x.total_gpu_bytes and x.gpu_memory_utilization is not None), None)
-    if free is None or w is None:
+    found = spare_memory(ctx)
+    if found is None or not found.worth_it:
         return
-    spare = free - a.options.margin_bytes
-    if spare < UNUSED_WARN_BYTES:
+    moved = a.utilization_for(found.spare_bytes)
+    if moved is None or moved[1] <= 0:
         return
-    assert w.total_gpu_bytes is not None and w.gpu_memory_utilization is not None
-    new = math.floor((w.gpu_memory_utilization + spare / w.total_gpu_bytes) * 100) / 100
-    gain = int((new - w.gpu_memory_utilization) * w.total_gpu_bytes)
-    if gain <= 0:
-        return
+    new, gain = moved
     cell = a.budget.cell_bytes
+    h = found.headroom
+    basis = "measured" if h.measured else "estimated"
     yield Recommendation("--gpu-memory-utilization", "{:.2f}".format(new), gain, gain // cell if cell else None,
-                         "estimated", "{} outside the budget after startup ({}), minus the {} margin: the budget can "
-                         "grow by {}.".format(gib(free), src, gib(a.options.margin_bytes), gib(gain)))
+                         basis, "{} ({}), minus the {} margin: the budget, and with it the KV cache, can grow by {} "
+                         "per worker.".format(gib(h.free_bytes) + " free" if ctx.live is not None else
+                                              gib(h.free_bytes) + " outside the budget after startup", h.how,
+                                              gib(a.options.margin_bytes), gib(gain)))
 
 
 RECOMMENDERS = [on_failure, raise_utilization]

@@ -1,0 +1,76 @@
+"""vLLM on a live node: which GPU process is which worker, and what its log says that worker holds.
+
+A worker is found, in order, by the PID its log lines print (``(Worker_TP0 pid=26347)``: the log
+of this very run), by its process title against the log's prefix (``VLLM::Worker_TP0`` ↔
+``Worker_TP0 pid=…``, titles since 0.10.1), or, for a log without prefixes (V0 with TP=1: the
+API server runs the driver worker itself), as the server process. A worker the log does not name
+keeps its title (``Worker_TP1``) or ``pid N`` and gets no logged items: NVML's figure stands whole.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Set, Tuple
+
+from agent.evidence import Engine
+from agent.live import ItemKind, LedgerItem
+from agent.vllm.analysis import Analysis, Worker
+
+_PID = re.compile(r"\bpid=(\d+)")
+DRIVER = "driver"  # V0's rank-0 worker inside the API server process: its lines carry no prefix
+
+
+def _name(prefix: str) -> str:
+    return prefix.split(" pid=")[0].strip()
+
+
+def logged_items(w: Optional[Worker]) -> List[LedgerItem]:
+    """Weights, the KV cache and the CUDA graph pool as the worker's lines print them."""
+    if w is None:
+        return []
+    kv = w.kv_allocated_bytes if w.kv_allocated_bytes is not None else w.available_kv_bytes
+    kv_source = w.sources.get("kv_allocated_bytes" if w.kv_allocated_bytes is not None else "available_kv_bytes", "")
+    graphs = w.cuda_graph_bytes
+    items = [LedgerItem(ItemKind.WEIGHTS, w.weights_bytes, w.sources.get("weights_bytes", "")),
+             LedgerItem(ItemKind.KV_POOL, kv, kv_source),
+             LedgerItem(ItemKind.GRAPHS, graphs, w.sources.get("cuda_graph_bytes", ""))]
+    return [x for x in items if x.bytes]
+
+
+def _by_pid(workers: Tuple[Worker, ...]) -> Dict[int, Worker]:
+    out = {}
+    for w in workers:
+        m = _PID.search(w.rank)
+        if m:
+            out[int(m.group(1)[:10])] = w
+    return out
+
+
+def _engine_core(title: str, workers: Tuple[Worker, ...]) -> Optional[Worker]:
+    """The title says ``EngineCore`` where the log prints ``EngineCore_DP0`` (or ``EngineCore_0``): the
+    one engine core of the log is this one."""
+    if not title.startswith("EngineCore"):
+        return None
+    cores = [w for w in workers if _name(w.rank).startswith("EngineCore")]
+    return cores[0] if len(cores) == 1 else None
+
+
+def place(engine: Engine, analysis: Optional[Analysis], gpu_pids: Set[int]) -> Dict[int, Tuple[str, List[LedgerItem]]]:
+    """PID → (worker label, the log's items for it) for every engine process that holds a GPU."""
+    workers = analysis.ranks if analysis is not None else ()
+    by_pid = _by_pid(workers)
+    by_name = {_name(w.rank): w for w in workers if w.rank}
+    bare = next((w for w in workers if not w.rank), None)
+    out: Dict[int, Tuple[str, List[LedgerItem]]] = {}
+    for proc, title in engine.workers:
+        if proc.pid not in gpu_pids:
+            continue
+        w = by_pid.get(proc.pid) or (by_name.get(title) if title else None) or _engine_core(title, workers)
+        out[proc.pid] = (w.rank if w else (title or "pid {}".format(proc.pid)), logged_items(w))
+    server = engine.server
+    titled = any(title for _, title in engine.workers)
+    if server is not None and server.pid in gpu_pids and not titled:
+        # V0: the server process runs the driver worker (rank 0) on its own GPU.
+        w = by_pid.get(server.pid) or bare
+        out[server.pid] = (w.rank if w and w.rank else DRIVER, logged_items(w))
+    return out
