@@ -185,6 +185,7 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
 
         snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args), runs, strict)
     else:
-        snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {}, "problems": []}
+        snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {},
+                               "cache_config": None, "problems": []}
     snap["collector_runs"] = runs
     return snap
