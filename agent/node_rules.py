@@ -121,10 +121,39 @@ def lowest_free(insp: Inspection) -> Optional[Headroom]:
                     evidence, now)
 
 
+def _within_ceiling(insp: Inspection, h: Optional[Headroom]) -> Optional[Headroom]:
+    """An engine whose budget reserves room it frees between peaks (vLLM profiles its activation peak
+    into T·u, then releases it) has less headroom than NVML shows now: on each engine GPU, at most
+    total − reserved − the process's ceiling (``process_ceiling``) − other processes."""
+    a = insp.analysis
+    ceiling_of = getattr(a, "process_ceiling", None)
+    if insp.engine_kind == "vllm" and ceiling_of is None:
+        return None  # without its log, NVML free still holds the activation reserve: not spare
+    if h is None or ceiling_of is None:
+        return h
+    for g in insp.engine_gpus:
+        if g.total_bytes is None or g.reserved_bytes is None:
+            continue
+        got = ceiling_of(g.total_bytes - g.reserved_bytes, insp.engine_args or {})
+        if got is None:
+            return None  # the budget is unknown: no honest headroom
+        ceiling, how = got
+        others = sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
+        room = g.total_bytes - g.reserved_bytes - ceiling - others
+        if room < h.free_bytes:
+            h = Headroom(room, "by design on GPU {}: total − reserved − {}{} = {} (NVML free now {}, which still "
+                               "holds the activation peak vLLM reserves and frees after profiling)".format(
+                                   g.index, how, " − other processes" if others else "", gib(room),
+                                   gib(g.free_bytes) if g.free_bytes is not None else "unknown"),
+                         "nvmlDeviceGetMemoryInfo_v2(GPU {}) total, reserved; the startup log".format(g.index), g,
+                         h.measured)
+    return h
+
+
 def headroom(ctx: "Context") -> Optional[Headroom]:
     """Free memory the rules size from: live when there is a node, else the startup log's."""
     if ctx.live is not None:
-        return lowest_free(ctx.live)
+        return _within_ceiling(ctx.live, lowest_free(ctx.live))
     a = ctx.analysis
     if a is None:
         return None
@@ -279,17 +308,26 @@ def _live_imbalance(ctx: "Context", insp: Inspection) -> Iterator[Finding]:
     gpus = [g for g in insp.engine_gpus if g.free_bytes is not None]
     if len(gpus) < 2:
         return
-    lo = min(gpus, key=lambda g: g.free_bytes or 0)
-    hi = max(gpus, key=lambda g: g.free_bytes or 0)
-    spread = (hi.free_bytes or 0) - (lo.free_bytes or 0)
+    # SGLang sizes every rank from the least free memory, whoever holds it. vLLM's budget is T·u
+    # whatever else runs: only its own workers' spread (free + other processes) leaves memory unused.
+    beside = engine_kind(ctx) == "vllm"
+
+    def free(g: GpuLedger) -> int:
+        return (g.free_bytes or 0) + (sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
+                                      if beside else 0)
+
+    lo = min(gpus, key=free)
+    hi = max(gpus, key=free)
+    spread = free(hi) - free(lo)
     if spread < IMBALANCE_WARN_BYTES:
         return
     cell = _cell(ctx)
     cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
     yield Finding("rank_imbalance", "warning", "Free memory differs by {} across the engine's GPUs".format(gib(spread)),
-                  "GPU {} ({}) has {} free, GPU {} ({}) {}. Ranks are sized from the minimum, so the others leave up "
-                  "to {}{} each unused.".format(lo.index, lo.rank, gib(lo.free_bytes), hi.index, hi.rank,
-                                                gib(hi.free_bytes), gib(spread), cost),
+                  "GPU {} ({}) has {} {}, GPU {} ({}) {}. Ranks are sized from the minimum, so the others leave up "
+                  "to {}{} each unused.".format(lo.index, lo.rank, gib(free(lo)),
+                                                "free or held by other processes" if beside else "free", hi.index,
+                                                hi.rank, gib(free(hi)), gib(spread), cost),
                   spread, ("nvmlDeviceGetMemoryInfo_v2 free, GPUs {} and {}".format(lo.index, hi.index),))
 
 

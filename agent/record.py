@@ -19,7 +19,7 @@ from agent import history
 from agent.live import Inspection, Owner
 from agent.reconcile import inspect_snapshot
 from agent.records import Options
-from collectors.snapshot import selected_engine
+from collectors.snapshot import engine_kind, selected_engine
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def run_key(snap: Dict[str, Any]) -> str:
     if server is None:
         return "no-engine:{}".format(boot_id())
     raw = "{}:{}:{}".format(boot_id(), server["pid"], server.get("start_time_s"))
-    return "sglang:" + hashlib.sha256(raw.encode()).hexdigest()[:16]
+    return "{}:{}".format(engine_kind(engine), hashlib.sha256(raw.encode()).hexdigest()[:16])
 
 
 def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
@@ -65,10 +65,16 @@ def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
     def num(key: str) -> Optional[float]:
         return metrics.get(key)
 
-    used = num("sglang:num_used_tokens")
-    running, queued = num("sglang:num_running_reqs"), num("sglang:num_queue_reqs")
+    if insp.engine_kind == "vllm":  # vLLM reports usage as a share of its blocks, not a token count
+        used = None
+        usage = num("vllm:kv_cache_usage_perc")
+        usage = num("vllm:gpu_cache_usage_perc") if usage is None else usage
+        running, queued = num("vllm:num_requests_running"), num("vllm:num_requests_waiting")
+    else:
+        used, usage = num("sglang:num_used_tokens"), num("sglang:token_usage")
+        running, queued = num("sglang:num_running_reqs"), num("sglang:num_queue_reqs")
     return {"kv_tokens": a.summary.max_total_num_tokens if a else None,
-            "used_tokens": int(used) if used is not None else None, "token_usage": num("sglang:token_usage"),
+            "used_tokens": int(used) if used is not None else None, "token_usage": usage,
             "running": int(running) if running is not None else None,
             "queued": int(queued) if queued is not None else None}
 
@@ -103,12 +109,14 @@ def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, 
             key = run_key(snap)
             engine = selected_engine(snap)
             args = engine.get("server_args", {}) if engine else {}
+            model = args.get("model_path") or args.get("model")
             run_id = history.upsert_run(
                 conn, key, now, host=snap.get("hostname"), engine=insp.engine,
                 started_at=None, version_hint=a.era.hint if a else None,
-                model=str(args.get("model_path")) if args.get("model_path") else None,
-                mem_fraction_static=a.budget.mfs if a else None,
-                pre_load_free_bytes=a.budget.pre_min_bytes if a else None,
+                model=str(model) if model else None,
+                # SGLang's budget inputs; a vLLM run leaves them null (its fraction means another thing)
+                mem_fraction_static=getattr(a.budget, "mfs", None) if a else None,
+                pre_load_free_bytes=getattr(a.budget, "pre_min_bytes", None) if a else None,
                 bytes_per_token=a.budget.cell_bytes if a else None)
             gpus: List[Dict[str, Any]] = []
             for g in insp.gpus:

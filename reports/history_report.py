@@ -74,7 +74,7 @@ def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Opt
     for r in runs:
         c.print()
         say(c, "run {} · {} · {} · {} → {} · {:,} samples".format(
-            r.run_key, r.engine or "no SGLang engine was running", r.model or "model unknown", _when(r.first_seen),
+            r.run_key, r.engine or "no inference server was running", r.model or "model unknown", _when(r.first_seen),
             _when(r.last_seen), r.samples))
         say(c, _basis(r), indent=2)
         if r.kv_tokens:

@@ -183,7 +183,7 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
     if insp.analysis is not None:
         d = target_dict(insp.analysis)
     else:
-        d = {"engine": {"name": "sglang", "version_hint": None, "version_clues": [],
+        d = {"engine": {"name": insp.engine_kind or "sglang", "version_hint": None, "version_clues": [],
                         "server_args": redact(insp.engine_args)} if insp.engine_args is not None else None,
              "startup": None}
     d["target"] = insp.target

@@ -19,7 +19,7 @@ ITEM_LABELS: Dict[ItemKind, str] = {
     ItemKind.DRAFT: "draft model",
     ItemKind.ENGINE_UNLOGGED: "engine, not in the log",
     ItemKind.ENGINE_PROCESS: "engine process",
-    ItemKind.OTHER_ENGINES: "other SGLang engines",
+    ItemKind.OTHER_ENGINES: "other inference servers",
     ItemKind.FOREIGN: "other processes",
     ItemKind.ORPHANED: "PIDs that no longer exist",
     ItemKind.OTHER_NAMESPACE: "PIDs in another PID namespace",

@@ -2,7 +2,7 @@
 
 Base units (bytes, seconds), the ``kvforensics_`` prefix, no timestamps (the textfile
 collector rejects them), no PID labels (they churn). Labels: ``gpu`` (index), ``uuid``,
-``engine`` (``sglang-<port>``), ``rank`` (``TP3``), ``collector``, ``code``, ``severity``.
+``engine`` (``sglang-<port>``, ``vllm-<port>``), ``rank`` (``TP3``), ``collector``, ``code``, ``severity``.
 Written with prometheus-client's ``write_to_textfile``: a temp file renamed into place, so a
 scrape never sees half a file.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
-from agent.live import Inspection
+from agent.live import Inspection, ItemKind
 
 PREFIX = "kvforensics_"
 
@@ -96,7 +96,12 @@ def _engine(gauge, insp: Inspection, samples: Optional[int]) -> None:  # type: i
     if a is not None:
         kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.",
                          ("engine", "rank"))
-        for r in a.ranks:
+        if insp.engine_kind == "vllm":  # the GPUs' rank labels: stable across restarts (no PID in them)
+            for g in insp.engine_gpus:
+                kv = next((x.bytes for x in g.items if x.kind is ItemKind.KV_POOL), None)
+                if kv is not None and g.rank:
+                    kv_bytes.labels(engine, g.rank).set(kv)
+        for r in a.ranks if insp.engine_kind != "vllm" else ():
             if r.target.kv_bytes is not None:
                 kv_bytes.labels(engine, r.rank).set(r.target.kv_bytes)
         if a.summary.max_total_num_tokens is not None:
@@ -110,7 +115,8 @@ def _engine(gauge, insp: Inspection, samples: Optional[int]) -> None:  # type: i
     unused = unused_bytes(Context.on_node(insp))
     if unused is not None:
         gauge("engine_unused_bytes", "Free memory on the engine's least-free GPU beyond the margin, at the run's "
-              "low-water mark when recorded (what a higher --mem-fraction-static could give the KV pool).",
+              "low-water mark when recorded (what a larger KV budget, --mem-fraction-static or "
+              "--gpu-memory-utilization, could give the KV pool).",
               ("engine",)).labels(engine).set(unused)
     if samples is not None:
         gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",)).labels(engine).set(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.live import GpuLedger, Inspection, Owner, TargetFailure
+from agent.node_rules import ENGINE_NAMES
 from agent.records import Finding, Recommendation, Verdict, severity_rank
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger, RunnerLedger
@@ -521,10 +522,39 @@ def _render_inspection(c: Any, insp: Inspection) -> None:
         gpu_bars(c, groups)
     if insp.analysis is not None:
         c.print(Text("From the engine's startup log ({}):".format(snap.engine_log.source), style="bold"))
-        _render_one(c, insp.analysis)
+        startup(c, insp.analysis)
     _findings(c, insp.findings)
     a = insp.analysis
     _recommendations(c, insp.recommendations, a.summary.context_len if a else None, insp.options.request_tokens)
+
+
+def startup(c: Any, a: Any) -> None:
+    """The startup's evidence, for either engine's analysis."""
+    if is_vllm(a):
+        _render_vllm(c, a)
+    else:
+        _render_one(c, a)
+
+
+def is_vllm(a: Any) -> bool:
+    return getattr(a, "engine", "sglang") == "vllm"
+
+
+def engine_cell(i: Inspection) -> str:
+    """The fleet table's engine column: name and what the log says of the release."""
+    a = i.analysis
+    name = ENGINE_NAMES.get(i.engine_kind or getattr(a, "engine", "sglang"), "?")
+    if a is not None:
+        return "{} {}".format(name, a.era.hint or "").strip()
+    return "{} (no log)".format(name) if i.engine else "—"
+
+
+def model_of(i: Inspection) -> str:
+    for args in (i.analysis.server_args if i.analysis is not None else {}, i.engine_args or {}):
+        model = args.get("model_path") or args.get("model")
+        if model:
+            return str(model).rstrip("/").rsplit("/", 1)[-1]
+    return ""
 
 
 def _others(g: GpuLedger) -> Optional[int]:
@@ -609,15 +639,11 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
             rows.append((i.target.split(":", 1)[-1], i.status, "—", "—", "—", "—", "—", i.message))
             continue
         a = i.analysis
-        model = ""
-        if a is not None and a.server_args.get("model_path"):
-            model = str(a.server_args["model_path"]).rstrip("/").rsplit("/", 1)[-1]
-        elif i.engine_args and i.engine_args.get("model_path"):
-            model = str(i.engine_args["model_path"]).rstrip("/").rsplit("/", 1)[-1]
+        model = model_of(i)
         unused = next((f.bytes for f in i.findings if f.code == "unused_gpu_memory"), None)
         worst = max(i.findings, key=lambda f: severity_rank(f.severity), default=None)
         rows.append((i.target.split(":", 1)[-1], i.status, str(len(i.gpus)),
-                     "SGLang " + a.era.hint if a else ("SGLang (no log)" if i.engine else "—"), model or "—",
+                     engine_cell(i), model or "—",
                      "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
                      gib_cell(unused) if unused else "—",
                      "{} {}".format(worst.severity, worst.code) if worst else "—"))

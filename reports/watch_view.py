@@ -18,8 +18,10 @@ def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: f
     from rich.table import Table
 
     metrics = insp.snapshot.http.metrics
-    usage = metrics.get("sglang:token_usage")
-    running, queued = metrics.get("sglang:num_running_reqs"), metrics.get("sglang:num_queue_reqs")
+    usage = next((metrics[k] for k in ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+                  if k in metrics), None)
+    running = metrics.get("sglang:num_running_reqs", metrics.get("vllm:num_requests_running"))
+    queued = metrics.get("sglang:num_queue_reqs", metrics.get("vllm:num_requests_waiting"))
     caption = "refresh every {:g} s · Ctrl-C to leave".format(interval)
     if usage is not None:
         caption = "KV usage {:.0%} · running {} · queued {} · ".format(

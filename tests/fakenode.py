@@ -164,3 +164,150 @@ class FakeNode:
                 pass
             p.wait(timeout=10)
         self.procs = []
+
+
+# --- vLLM ---------------------------------------------------------------------------------
+
+VLLM_LOG_V1 = ROOT / "tests" / "fixtures" / "fake_vllm" / "v1-0.27-tp2.log"
+VLLM_LOG_V0 = ROOT / "examples" / "vllm-v0-complete.log"  # a real V0 TP=1 startup (no process prefixes)
+H200_TOTAL = 143771 * MIB  # what NVML and nvidia-smi showed on a real H200 (bench/RESULTS.md)
+H200_RESERVED = 644939776
+
+# Stands in for `vllm serve` (V1): forks the engine core `VLLM::EngineCore`, which forks one
+# `VLLM::Worker_TPn` per rank (tp>1) or holds the GPU itself (tp=1), as 0.10.2+ does. V0
+# (FAKE_VLLM_ERA=v0): the server holds GPU 0 itself and forks (same command line) the other ranks.
+# Once the workers exist it prints the startup log with their real PIDs, then serves /metrics.
+VLLM_SERVER = textwrap.dedent('''
+    """Stands in for `vllm serve MODEL`: engine core, workers, a startup log with live PIDs, /metrics."""
+    import http.server, json, os, subprocess, sys, time
+    tp, port = 1, 8000
+    for i, a in enumerate(sys.argv):
+        if a in ("-tp", "--tensor-parallel-size") and i + 1 < len(sys.argv):
+            tp = int(sys.argv[i + 1])
+        if a == "--port" and i + 1 < len(sys.argv):
+            port = int(sys.argv[i + 1])
+    pids = {"server": os.getpid(), "port": port}
+    if os.environ.get("FAKE_VLLM_ERA") == "v0":
+        for rank in range(1, tp):
+            child = os.fork()
+            if child == 0:  # a forked worker keeps the server's command line
+                while True:
+                    time.sleep(3600)
+            pids["tp{}".format(rank)] = child
+    else:
+        # A worker reads its program from a pipe that stays open: it lives as long as the engine core.
+        core_program = """
+    import json, subprocess, time
+    kids = [subprocess.Popen(["VLLM::Worker_TP{{}}".format(rank)], executable={exe!r}, stdin=subprocess.PIPE)
+            for rank in range({tp} if {tp} > 1 else 0)]
+    print(json.dumps([k.pid for k in kids]), flush=True)
+    while True:
+        time.sleep(3600)
+    """.format(tp=tp, exe=sys.executable)
+        core = subprocess.Popen(["VLLM::EngineCore"], executable=sys.executable, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        core.stdin.write(core_program.encode())
+        core.stdin.close()
+        workers = json.loads(core.stdout.readline())
+        pids["core"] = core.pid
+        pids.update({"tp{}".format(i): pid for i, pid in enumerate(workers)})
+    with open(os.environ["FAKE_VLLM_LOG_TEMPLATE"]) as f:
+        print(f.read().format(**pids), end="", flush=True)
+    with open(os.environ["FAKE_VLLM_PIDS"] + ".tmp", "w") as f:
+        json.dump(pids, f)
+    os.rename(os.environ["FAKE_VLLM_PIDS"] + ".tmp", os.environ["FAKE_VLLM_PIDS"])
+    metrics = open(os.environ["FAKE_VLLM_METRICS"], "rb").read() if os.environ.get("FAKE_VLLM_METRICS") else None
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path != "/metrics" or metrics is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(metrics)
+
+        def log_message(self, *args):
+            pass
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Metrics).serve_forever()
+''')
+
+
+class FakeVllmNode(FakeNode):
+    """A fake vLLM node: ``era`` "v1" (engine core + TP workers, 0.27 log) or "v0" (the server holds
+    GPU 0 and forks the other ranks, a real V0 log). GPUs are H200s as a real one reported them."""
+
+    def __init__(self, workdir: Path, tp: int = 2, era: str = "v1", port: int = 8000,
+                 free_bytes: Optional[List[int]] = None, foreign: Optional[Dict[int, int]] = None,
+                 metrics_text: Optional[str] = None, log_template: Optional[Path] = None,
+                 extra_flags: Optional[List[str]] = None) -> None:
+        super().__init__(workdir, tp=tp, free_bytes=free_bytes or [int(17.5 * GIB)] * tp, foreign=foreign,
+                         extra_flags=extra_flags)
+        self.era = era
+        self.port = port
+        self.metrics_text = metrics_text
+        self.template = log_template or (VLLM_LOG_V0 if era == "v0" else VLLM_LOG_V1)
+        self.pids: Dict[str, int] = {}
+        self.total, self.reserved = H200_TOTAL, H200_RESERVED
+
+    def start(self) -> None:
+        pkg = self.dir / "pkgs" / "vllm" / "entrypoints" / "openai"
+        pkg.mkdir(parents=True, exist_ok=True)
+        for d in (pkg.parent.parent, pkg.parent, pkg):
+            (d / "__init__.py").write_text("")
+        (pkg / "api_server.py").write_text(VLLM_SERVER)
+        template = self.dir / "log-template.txt"
+        template.write_text(self.template.read_text().replace("{", "{{").replace("}", "}}")
+                            if self.template == VLLM_LOG_V0 else self.template.read_text())
+        env = dict(os.environ, PYTHONPATH=str(self.dir / "pkgs"), FAKE_VLLM_ERA=self.era,
+                   FAKE_VLLM_LOG_TEMPLATE=str(template), FAKE_VLLM_PIDS=str(self.dir / "pids.json"))
+        if self.metrics_text is not None:
+            (self.dir / "metrics.txt").write_text(self.metrics_text)
+            env["FAKE_VLLM_METRICS"] = str(self.dir / "metrics.txt")
+        out = open(self.log, "w")
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", str(self.tp),
+                "--gpu-memory-utilization", "0.9", "--api-key", "sk-do-not-print", "--port", str(self.port)]
+        server = subprocess.Popen(argv + self.extra_flags, stdout=out, stderr=subprocess.STDOUT, cwd=str(self.dir),
+                                  env=env, start_new_session=True)
+        out.close()
+        self.procs.append(server)
+        self.server_pid = server.pid
+        pids_file = self.dir / "pids.json"
+        deadline = time.time() + 20
+        while not pids_file.exists() and time.time() < deadline and server.poll() is None:
+            time.sleep(0.05)
+        if not pids_file.exists():
+            self.stop()
+            raise RuntimeError("the fake vLLM server did not start: " + self.log.read_text()[-2000:])
+        import json
+
+        self.pids = json.loads(pids_file.read_text())
+        # The GPU holder of each rank: V1 TP>1 the workers, TP=1 the engine core; V0 the server, then its forks.
+        if self.era == "v0":
+            holders = [self.server_pid] + [self.pids["tp{}".format(r)] for r in range(1, self.tp)]
+        elif self.tp > 1:
+            holders = [self.pids["tp{}".format(r)] for r in range(self.tp)]
+        else:
+            holders = [self.pids["core"]]
+        self.scheduler_pids = dict(enumerate(holders))
+        for gpu in self.foreign:
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "train.py", "--gpu", str(gpu)])
+            self.procs.append(p)
+            self.foreign_pids[gpu] = p.pid
+        self.write_scenario()
+
+    def write_scenario(self) -> None:
+        lines = ["driver 580.159.04", "nvml 13.580.159.04", "cuda 13000"]
+        for gpu in range(self.tp):
+            foreign = self.foreign.get(gpu, 0)  # beside the engine: it takes free memory, not the engine's
+            used = self.total - self.reserved - self.free[gpu] + foreign
+            lines.append("gpu {} uuid=GPU-46a67de8-4cd8-5331-398c-b6718dd7{:04x} name=NVIDIA_H200 "
+                         "bus=00000000:{:02X}:00.0 total={} reserved={} used={} free={}".format(
+                             gpu, gpu, 0x06 + gpu, self.total, self.reserved, used, self.free[gpu] - foreign))
+            lines.append("proc {} compute {} {}".format(gpu, self.scheduler_pids[gpu], used - foreign))
+            if foreign:
+                lines.append("proc {} compute {} {}".format(gpu, self.foreign_pids[gpu], foreign))
+        self.scenario.write_text("\n".join(lines) + "\n")

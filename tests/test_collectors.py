@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors import engine_http, engine_logs, engines, host_memory, procfs
-from collectors.sglang import processes as sglang_processes
+from collectors import engine_http, engine_logs, host_memory, procfs
 from collectors.redact import REDACTED, redact_argv, redact_mapping
+from collectors.sglang import processes as sglang_processes
 from tests.conftest import SEED_LOG
 
 

@@ -291,7 +291,7 @@ def test_two_engines_on_one_node(tmp_path, fake_lib, monkeypatch):
     assert "port 30002" in codes["other_engines"]["detail"] and "GPU 4,5,6,7" in codes["other_engines"]["detail"]
     assert [g["rank"] for g in default["gpus"]] == ["TP0", "TP1", "TP2", "TP3", None, None, None, None]
     assert {p["owner"] for g in default["gpus"][4:] for p in g["processes"]} == {"other_engine"}
-    assert default["gpus"][5]["ledger"][0] == {"item": "other SGLang engines", "bytes": 70 * GIB,
+    assert default["gpus"][5]["ledger"][0] == {"item": "other inference servers", "bytes": 70 * GIB,
                                                "source": "NVML process list: another server's schedulers"}
     assert [g["rank"] for g in second["gpus"]] == [None, None, None, None, "TP0", "TP1", "TP2", "TP3"]
     assert "port 30001" in _codes(second)["other_engines"]["detail"]

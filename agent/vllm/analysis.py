@@ -32,6 +32,9 @@ ERAS = (  # (name, since, until, graphs inside the budget)
     ("V1-d", (0, 18, 0), (0, 19, 99), False), ("V1-e", (0, 20, 0), (0, 26, 99), True),
     ("V1-f", (0, 27, 0), (99, 0, 0), True),
 )
+# One process's CUDA context, which no vLLM line prints: 527 MiB of free memory on an H200 with driver
+# 580.159 (bench/RESULTS.md, gpu-check 2026-11-30; NVML charged the process 518 MiB beyond its allocation).
+CUDA_CONTEXT_BYTES = 527 << 20
 _V1_KINDS = ("available_kv", "kv_tokens", "graph_estimate", "graph_advisory", "suggestion", "graph_pool")
 _V1_FMTS = ("free_short", "maxlen_v1", "engine_failed")
 _V0_FMTS = ("profile_takes", "profile_budget", "profile_breakdown", "profile_global", "graph_begin",
@@ -93,7 +96,9 @@ class Worker:
 
 @dataclass(frozen=True)
 class Summary:
-    """The node_rules protocol's summary: vLLM prints no request-slot count, so these stay None."""
+    """The node_rules protocol's summary: the binding KV report and max_model_len. vLLM prints no
+    request-slot count (--max-num-seqs is a flag): max_running_requests stays None, and vLLM's own
+    concurrency rule reads 'Maximum concurrency' instead of the shared one."""
 
     max_total_num_tokens: Optional[int] = None
     max_running_requests: Optional[int] = None
@@ -198,6 +203,38 @@ class Analysis:
         graphs = [w.cuda_graph_bytes for w in self.ranks if w.cuda_graph_bytes is not None]
         return (max(graphs) if graphs else 0), bool(graphs)
 
+    def default_utilization(self) -> Optional[float]:
+        """--gpu-memory-utilization when not given: 0.9, 0.92 from 0.20.0 (config/cache.py); None when the
+        log does not say which side of 0.20 it is."""
+        if self.era.since is not None and self.era.since >= (0, 20, 0):
+            return 0.92
+        if self.era.until is not None and self.era.until < (0, 20, 0):
+            return 0.9
+        return None
+
+    def process_ceiling(self, cuda_total: int, flags: Dict[str, Any]) -> Optional[Tuple[int, str]]:
+        """(bytes, how) a worker's process may reach on a GPU whose CUDA total is ``cuda_total``: the
+        budget T·u at its activation peak, plus the CUDA graph pool where it sits outside the budget
+        (before 0.20, or when the era is unknown: the safe side), plus the CUDA context. ``how`` lists
+        the terms as they are subtracted from the GPU's memory."""
+        w = self.sized_worker()
+        if w is not None:
+            assert w.gpu_memory_utilization is not None
+            u, src = w.gpu_memory_utilization, "u {:g} from the log".format(w.gpu_memory_utilization)
+        else:
+            given = flags.get("gpu_memory_utilization", self.server_args.get("gpu_memory_utilization"))
+            u = given if isinstance(given, (int, float)) and 0 < given <= 1 else self.default_utilization()
+            if u is None:
+                return None
+            src = "u {:g} from {}".format(u, "the command line" if given is not None else "this era's default")
+        ceiling = int(cuda_total * u) + CUDA_CONTEXT_BYTES
+        how = "T·u ({}) − the CUDA context (~{} MiB)".format(src, CUDA_CONTEXT_BYTES >> 20)
+        graphs, _ = self.graphs_outside_bytes()
+        if graphs and self.era.graphs_inside is not True:
+            ceiling += graphs
+            how += " − the CUDA graph pool outside the budget"
+        return ceiling, how
+
     def sized_worker(self) -> Optional[Worker]:
         """The first worker that printed the device total and the fraction (what a new u is sized from)."""
         return next((w for w in self.ranks if w.total_gpu_bytes and w.gpu_memory_utilization is not None), None)
@@ -228,22 +265,23 @@ class Analysis:
                         "rounded down to 0.01 of the device total")
 
     def headroom(self) -> Tuple[Optional[int], str]:
-        """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget.
-        Only from a complete startup whose worker printed T and u (the CUDA context, ~0.5 GiB, is
-        not in the log, so this is an upper bound)."""
+        """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget − the
+        CUDA context (not in the log: the figure measured on a real GPU, CUDA_CONTEXT_BYTES). Only from
+        a complete startup whose worker printed T and u."""
         if not self.complete or self.failure is not None:
             return None, ""
         best: Optional[Tuple[int, str]] = None
         for w in self.ranks:
             if w.total_gpu_bytes is None or w.requested_bytes is None:
                 continue
-            free = w.total_gpu_bytes - w.requested_bytes
+            free = w.total_gpu_bytes - w.requested_bytes - CUDA_CONTEXT_BYTES
             how = "total_gpu_memory − the budget ({})".format(w.sources.get("requested_bytes", ""))
             if self.era.graphs_inside is False and w.cuda_graph_bytes is not None:
                 free -= w.cuda_graph_bytes
                 how += " − the CUDA graph pool outside it ({})".format(w.sources.get("cuda_graph_bytes", ""))
             if best is None or free < best[0]:
-                best = (free, how + ", estimated: the CUDA context (~0.5 GiB) is not in the log")
+                best = (free, how + " − the CUDA context (~{} MiB, not in the log: measured on an H200)".format(
+                    CUDA_CONTEXT_BYTES >> 20))
         return best if best is not None else (None, "")
 
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
@@ -449,7 +487,10 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
         startup.first_line, workers, tokens, reports, blocks_ev.data["gpu_blocks"] if blocks_ev else None,
         blocks_ev.data.get("cpu_blocks") if blocks_ev else None, maxlen,
         args.get("kv_cache_dtype"), conc, where(conc_ev) if conc_ev else "", checks, tuple(stages), last,
-        complete, died, opts, events, budget=Budget(cell))
+        complete, died, opts, events, budget=Budget(cell),
+        # The shared protocol's pool and length: the binding KV report and max_model_len (vLLM prints
+        # no request-slot count; --max-num-seqs is a flag, not a log line).
+        summary=Summary(tokens, None, maxlen, where(tokens_evs[reports.index(tokens)]) if tokens is not None else ""))
 
 
 def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era) -> List[Check]:

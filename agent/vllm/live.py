@@ -61,16 +61,27 @@ def place(engine: Engine, analysis: Optional[Analysis], gpu_pids: Set[int]) -> D
     by_pid = _by_pid(workers)
     by_name = {_name(w.rank): w for w in workers if w.rank}
     bare = next((w for w in workers if not w.rank), None)
+    names = [_name(w.rank) for w in workers]
+
+    def label(w: Optional[Worker], fallback: str) -> str:
+        """A rank label that survives a restart (metrics key on it): the log's process name without
+        its PID when the name is unique (``Worker_TP0``), else the whole prefix (V0's workers all
+        print ``VllmWorkerProcess``)."""
+        if w is None or not w.rank:
+            return fallback
+        name = _name(w.rank)
+        return name if names.count(name) == 1 else w.rank
+
     out: Dict[int, Tuple[str, List[LedgerItem]]] = {}
     for proc, title in engine.workers:
         if proc.pid not in gpu_pids:
             continue
         w = by_pid.get(proc.pid) or (by_name.get(title) if title else None) or _engine_core(title, workers)
-        out[proc.pid] = (w.rank if w else (title or "pid {}".format(proc.pid)), logged_items(w))
+        out[proc.pid] = (label(w, title or "pid {}".format(proc.pid)), logged_items(w))
     server = engine.server
     titled = any(title for _, title in engine.workers)
     if server is not None and server.pid in gpu_pids and not titled:
         # V0: the server process runs the driver worker (rank 0) on its own GPU.
         w = by_pid.get(server.pid) or bare
-        out[server.pid] = (w.rank if w and w.rank else DRIVER, logged_items(w))
+        out[server.pid] = (label(w, DRIVER), logged_items(w))
     return out
