@@ -242,7 +242,8 @@ class FakeVllmNode(FakeNode):
     def __init__(self, workdir: Path, tp: int = 2, era: str = "v1", port: int = 8000,
                  free_bytes: Optional[List[int]] = None, foreign: Optional[Dict[int, int]] = None,
                  metrics_text: Optional[str] = None, log_template: Optional[Path] = None,
-                 extra_flags: Optional[List[str]] = None) -> None:
+                 extra_flags: Optional[List[str]] = None, total: int = H200_TOTAL,
+                 reserved: int = H200_RESERVED) -> None:
         super().__init__(workdir, tp=tp, free_bytes=free_bytes or [int(17.5 * GIB)] * tp, foreign=foreign,
                          extra_flags=extra_flags)
         self.era = era
@@ -250,7 +251,7 @@ class FakeVllmNode(FakeNode):
         self.metrics_text = metrics_text
         self.template = log_template or (VLLM_LOG_V0 if era == "v0" else VLLM_LOG_V1)
         self.pids: Dict[str, int] = {}
-        self.total, self.reserved = H200_TOTAL, H200_RESERVED
+        self.total, self.reserved = total, reserved
 
     def start(self) -> None:
         pkg = self.dir / "pkgs" / "vllm" / "entrypoints" / "openai"

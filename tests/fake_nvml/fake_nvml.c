@@ -107,6 +107,10 @@ static void load_scenario(void) {
     memset(gpus, 0, sizeof gpus);
     ngpus = 0;
     init_error = 0;
+    /* Each scenario starts from a current driver: a directive of an earlier scenario (loaded into the
+     * same process) must not leak into the next one. */
+    memory_api = 2;
+    snprintf(process_api, sizeof process_api, "v3");
     if (!path) return;
     FILE *f = fopen(path, "r");
     if (!f) { init_error = getenv("FAKE_NVML_SCENARIO") ? NVML_ERROR_UNKNOWN : 0; return; }

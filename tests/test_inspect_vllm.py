@@ -1,0 +1,217 @@
+"""kvforensics inspect and record on a fake vLLM node: fake NVML driver + real processes whose command
+lines and titles are vLLM's + a real log with their live PIDs + a real /metrics endpoint.
+
+Expected figures are computed here from vLLM's rules: the budget is T·u of the CUDA total (which a
+real H200 showed to be NVML total − reserved, bench/RESULTS.md), the process adds its CUDA context
+(527 MiB measured there), and from 0.20 the CUDA graph pool is inside the budget."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+
+import pytest
+
+from collectors import engines
+from collectors.vllm import processes as vllm_processes
+from tests.conftest import ROOT, run_cli
+from tests.fakenode import FAKE_LIB, GIB, MIB, TOTAL, FakeNode, FakeVllmNode, build_fake_nvml
+
+CONTEXT = 527 * MIB
+MARGIN = 2 * GIB  # the default --margin
+METRICS = (ROOT / "tests" / "fixtures" / "vllm_metrics" / "v0.11.0_v1_dp2.prom")
+
+
+@pytest.fixture(scope="session")
+def fake_lib():
+    return build_fake_nvml()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _inspect(*extra):
+    code, out, err = run_cli(["inspect", "--json", "--nvml-lib", str(FAKE_LIB), *extra])
+    assert code in (0, 1), err
+    return json.loads(out)["targets"][0]
+
+
+def _codes(t):
+    return {f["code"]: f for f in t["findings"]}
+
+
+@pytest.mark.parametrize("argv,role,extra", [
+    (["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "org/m", "-tp", "2"], "server", {"launch": "serve"}),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "server", {"launch": "api_server"}),
+    (["python", "-m", "vllm.entrypoints.api_server"], "server", {"launch": "api_server"}),
+    (["VLLM::EngineCore"], "worker", {"rank": "EngineCore"}),
+    (["VLLM::EngineCore_DP1"], "worker", {"rank": "EngineCore_DP1"}),
+    (["VLLM::Worker_PP1_TP3"], "worker", {"rank": "Worker_PP1_TP3"}),
+    (["VLLM::EngineCore_TP1"], "worker", {"rank": "EngineCore_TP1"}),  # 0.10.1: a worker appends to its title
+    (["VLLM::APIServer_0"], "helper", {}),
+    (["VLLM::DPCoordinator"], "helper", {}),
+    (["ray::RayWorkerWrapper.execute_method"], "child", {}),
+    (["/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+      "--multiprocessing-fork"], "child", {"rank": ""}),
+    (["vim", "vllm serve notes.md"], None, {}),
+    (["python3", "train.py", "--vllm"], None, {}),
+])
+def test_vllm_command_lines(argv, role, extra):
+    got = vllm_processes.classify(argv)
+    assert (got or {}).get("role") == role
+    for key, value in extra.items():
+        assert got[key] == value
+    if role is not None:
+        assert engines.classify(argv)[0] == "vllm"
+
+
+def test_vllm_flags_like_its_argparse():
+    assert vllm_processes.parse_flags(["meta-llama/L", "-tp", "4", "--gpu_memory_utilization=0.85", "--port", "8001",
+                                       "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "32768"]) \
+        == {"model": "meta-llama/L", "tensor_parallel_size": 4, "gpu_memory_utilization": 0.85, "port": 8001,
+            "enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 32768}
+
+
+def _room(node: FakeVllmNode, u: float, others: int = 0, graphs_outside: int = 0) -> int:
+    """Free memory at vLLM's peak: NVML total − reserved − (T·u + context + graphs outside) − others,
+    with T = NVML total − reserved (cudaMemGetInfo's total)."""
+    cuda_total = node.total - node.reserved
+    return cuda_total - int(cuda_total * u) - CONTEXT - graphs_outside - others
+
+
+def test_v1_tp2_workers_placed_by_their_log_pids(tmp_path, fake_lib, monkeypatch):
+    port = _port()
+    with FakeVllmNode(tmp_path, tp=2, port=port, foreign={1: 2 * GIB}, metrics_text=METRICS.read_text()) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        t = _inspect()
+        code, text, err = run_cli(["inspect", "--nvml-lib", str(FAKE_LIB)])
+        pids = dict(n.pids)
+    assert t["status"] == "ok", t["problems"]
+    assert t["engine"]["name"] == "vllm" and t["engine"]["era"] == "V1-f"
+    assert [g["rank"] for g in t["gpus"]] == ["Worker_TP0", "Worker_TP1"]  # stable labels: no PID
+    assert [r["rank"] for r in t["startup"]["ranks"]] == ["Worker_TP0 pid={}".format(pids["tp0"]),
+                                                          "Worker_TP1 pid={}".format(pids["tp1"])]
+    g0 = t["gpus"][0]
+    assert [(p["pid"], p["owner"]) for p in g0["processes"]] == [(pids["tp0"], "engine")]
+    ledger = {x["item"]: x["bytes"] for x in g0["ledger"]}
+    w = t["startup"]["ranks"][0]
+    assert ledger["weights"] == w["weights_bytes"] == round(65.72 * GIB)
+    assert ledger["KV pool"] == w["available_kv_bytes"] == round(54.2 * GIB)
+    assert ledger["CUDA graphs"] == w["cuda_graph_bytes"] == round(0.58 * GIB)
+    assert sum(x["bytes"] for x in g0["ledger"]) == g0["total_bytes"]
+    # By design on GPU 1 (the foreign process's): 0.27's budget is T·u with graphs inside it.
+    room = _room(n, 0.9, others=2 * GIB)
+    f = _codes(t)
+    assert f["unused_gpu_memory"]["bytes"] == room - MARGIN
+    assert "activation peak vLLM reserves" in f["unused_gpu_memory"]["detail"]
+    rec = t["recommendations"][0]
+    total = w["total_gpu_bytes"]
+    assert rec["flag"] == "--gpu-memory-utilization"
+    assert rec["value"] == "{:.2f}".format(math.floor((0.9 + (room - MARGIN) / total) * 100) / 100) == "0.96"
+    assert "vLLM's budget is a share of the GPU's total" in f["foreign_gpu_process"]["detail"]
+    assert "rank_imbalance" not in f  # the 2 GiB process does not shrink vLLM's budget: nothing unused by it
+    assert "host_ram_offload" not in f  # HiCache is SGLang's
+    live = f["concurrency_bound"]["detail"]
+    assert "Live (http://127.0.0.1:{}/metrics): running 21, waiting 4, KV cache usage 62%, preemptions since " \
+        "start 3".format(port) in live  # summed over the two engines; the fuller engine's usage
+    assert f["concurrency_bound"]["severity"] == "warning"  # requests are waiting
+    assert code in (0, 1) and "vLLM V1 0.27.0" in text and "Worker_TP1" in text
+
+
+def test_v1_tp1_engine_core_holds_the_gpu_and_matches_the_logs_name(tmp_path, fake_lib, monkeypatch):
+    """TP=1: the engine core is the worker; its title says EngineCore where the log says EngineCore_DP0,
+    and this log is from an earlier run (other PIDs): the title still finds its figures."""
+    log = tmp_path / "t.log"
+    core = "(EngineCore_DP0 pid=4242) INFO 11-30 09:01:{:02d} "
+    log.write_text("\n".join(core.format(i) + line for i, line in enumerate((
+        "[gpu_model_runner.py:3410] Model loading took 14.9900 GiB and 9.1 seconds",
+        "[gpu_worker.py:410] Available KV cache memory: 105.3 GiB",
+        "[kv_cache_utils.py:1291] GPU KV cache size: 862,592 tokens",
+        "[core.py:250] init engine (profile, create kv cache, warmup model) took 43.20 seconds"))) + "\n")
+    with FakeVllmNode(tmp_path / "n", tp=1, port=_port(), log_template=log) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        t = _inspect()
+        core = n.pids["core"]
+    g = t["gpus"][0]
+    assert g["rank"] == "EngineCore_DP0" and g["processes"][0]["pid"] == core
+    assert {x["item"]: x["bytes"] for x in g["ledger"]}["KV pool"] == round(105.3 * GIB)
+    # No T or u in this log: u comes from the command line (--gpu-memory-utilization 0.9).
+    assert _codes(t)["unused_gpu_memory"]["bytes"] == _room(n, 0.9) - MARGIN
+
+
+V0_TOTAL = 81920 * MIB  # an A100 80GB; the real V0 log's worker saw 79.19 GiB
+V0_RESERVED = V0_TOTAL - round(79.19 * GIB)
+
+
+def test_v0_the_server_runs_the_driver_and_forked_ranks_are_workers(tmp_path, fake_lib, monkeypatch):
+    """V0: the API server process holds GPU 0 (its lines carry no prefix); a forked rank keeps the
+    server's command line and is its worker, not a second server."""
+    with FakeVllmNode(tmp_path, tp=2, era="v0", port=_port(), total=V0_TOTAL, reserved=V0_RESERVED,
+                      free_bytes=[15 * GIB, 15 * GIB]) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        t = _inspect()
+        pids = dict(n.pids)
+        server = n.server_pid
+    assert t["engine"]["name"] == "vllm"
+    assert [g["rank"] for g in t["gpus"]] == ["driver", "pid {}".format(pids["tp1"])]
+    assert {p["owner"] for g in t["gpus"] for p in g["processes"]} == {"engine"}
+    assert t["gpus"][0]["processes"][0]["pid"] == server
+    ledger = {x["item"]: x["bytes"] for x in t["gpus"][0]["ledger"]}
+    assert ledger["KV pool"] == round(61.84 * GIB) and ledger["CUDA graphs"] == round(0.13 * GIB)
+    assert "KV pool" not in {x["item"] for x in t["gpus"][1]["ledger"]}  # the log names no second worker
+    # V0-c: graphs outside T·u; NVML free (15 GiB) is below the by-design room, so it binds.
+    assert _room(n, 0.8, graphs_outside=round(0.13 * GIB)) > 15 * GIB
+    assert _codes(t)["unused_gpu_memory"]["bytes"] == 15 * GIB - MARGIN
+    assert "other_engines" not in _codes(t)
+
+
+def test_a_node_running_both_engines_explains_each(tmp_path, fake_lib, monkeypatch):
+    port = _port()
+    sg = FakeNode(tmp_path / "sglang", tp=2, extra_flags=["--port", "30001"])
+    vl = FakeVllmNode(tmp_path / "vllm", tp=2, port=port)
+    with sg, vl:
+        lines = ["driver 580.159.04"]
+        for gpu, (pid, used) in enumerate([(sg.scheduler_pids[0], 80 * GIB), (sg.scheduler_pids[1], 80 * GIB),
+                                           (vl.scheduler_pids[0], 70 * GIB), (vl.scheduler_pids[1], 70 * GIB)]):
+            lines.append("gpu {} uuid=GPU-{} name=X bus=00000000:{:02X}:00.0 total={} reserved={} used={}".format(
+                gpu, gpu, 0x18 + gpu, TOTAL, 546 * MIB, used))
+            lines.append("proc {} compute {} {}".format(gpu, pid, used))
+        scenario = tmp_path / "both.txt"
+        scenario.write_text("\n".join(lines) + "\n")
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario))
+        default = _inspect()
+        chosen = _inspect("--engine", str(port))
+    assert default["engine"]["name"] == "sglang"  # the one holding the most GPU memory
+    assert chosen["engine"]["name"] == "vllm"
+    assert [g["rank"] for g in chosen["gpus"]] == [None, None, "Worker_TP0", "Worker_TP1"]
+    assert {p["owner"] for g in chosen["gpus"][:2] for p in g["processes"]} == {"other_engine"}
+    other = _codes(chosen)["other_engines"]["detail"]
+    assert "SGLang on port 30001" in other and "GPU 0,1" in other
+    assert "vLLM on port {}".format(port) in _codes(default)["other_engines"]["detail"]
+    assert "foreign_gpu_process" not in _codes(default) and "foreign_gpu_process" not in _codes(chosen)
+
+
+def test_record_labels_the_vllm_engine_by_port(tmp_path, fake_lib, monkeypatch):
+    port = _port()
+    db, prom = tmp_path / "h.db", tmp_path / "kvf.prom"
+    with FakeVllmNode(tmp_path / "n", tp=2, port=port, metrics_text=METRICS.read_text()) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        code, out, err = run_cli(["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--samples", "2",
+                                  "--interval", "0", "--prom-file", str(prom)])
+    assert code == 0, err
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(prom.read_text()) for s in fam.samples}
+    engine = "vllm-{}".format(port)
+    assert samples[("kvforensics_engine_kv_pool_bytes", (("engine", engine), ("rank", "Worker_TP0")))] \
+        == round(54.2 * GIB)
+    assert any(name == "kvforensics_gpu_memory_free_min_bytes" and dict(labels).get("engine") == engine
+               and dict(labels).get("rank") == "Worker_TP1" for name, labels in samples)
+    run = json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]
+    assert run["engine"] == "vllm-{}".format(port) and run["run_key"].startswith("vllm:")
+    assert run["peak_token_usage"] is not None and run["model"] == "meta-llama/Llama-3.1-70B-Instruct"
