@@ -37,6 +37,8 @@ $(FAKE_NVML): tests/fake_nvml/fake_nvml.c
 gpu-check: $(STAMP)
 	@echo ">> comparing the NVML collector with nvidia-smi and the CUDA driver API"
 	$(BIN)/python bench/gpu_check.py
+	@echo ">> inspecting a vLLM-shaped engine core that holds real GPU memory"
+	$(BIN)/python bench/gpu_live.py
 
 lint: $(STAMP)
 	@echo ">> ruff"
