@@ -138,6 +138,7 @@ def main() -> int:
         (Path(d) / "core.py").write_text(NO_CUDA_CORE if FAKE_LIB else ENGINE_CORE.replace("NBYTES", str(alloc)))
         (Path(d) / "log.txt").write_text(LOG.format(weights=weights / GIB, kv=kv, port=port))
         log, ready = Path(d) / "server.log", Path(d) / "ready"
+        core_pid = -1
         env = dict(os.environ, PYTHONPATH=str(Path(d) / "pkgs"), GPU_LIVE_CORE=str(Path(d) / "core.py"),
                    GPU_LIVE_LOG=str(Path(d) / "log.txt"), GPU_LIVE_READY=str(ready))
         with open(log, "w") as out:
@@ -167,6 +168,10 @@ def main() -> int:
         finally:
             os.killpg(server.pid, 9)
             server.wait(timeout=30)
+            # The driver frees a large context some moments after SIGKILL: leave the GPU as found.
+            deadline = time.time() + 30
+            while os.path.exists("/proc/{}".format(core_pid)) and time.time() < deadline:
+                time.sleep(0.1)
     if got.returncode not in (0, 1):
         print("gpu-live: inspect failed:", got.stderr[-2000:])
         return 1
