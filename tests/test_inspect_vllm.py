@@ -215,3 +215,15 @@ def test_record_labels_the_vllm_engine_by_port(tmp_path, fake_lib, monkeypatch):
     run = json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]
     assert run["engine"] == "vllm-{}".format(port) and run["run_key"].startswith("vllm:")
     assert run["peak_token_usage"] is not None and run["model"] == "meta-llama/Llama-3.1-70B-Instruct"
+
+
+def test_the_vllm_example_bundle(tmp_path):
+    """examples/vllm-node.json (examples/make_vllm_bundle.py): two H200s at TP=2, a 2 GiB job beside GPU 1."""
+    code, out, err = run_cli(["inspect", "--from", str(ROOT / "examples" / "vllm-node.json"), "--json"])
+    assert code == 1, err  # a warning
+    t = json.loads(out)["targets"][0]
+    assert t["engine"]["name"] == "vllm" and [g["rank"] for g in t["gpus"]] == ["Worker_TP0", "Worker_TP1"]
+    node = FakeVllmNode(tmp_path)  # the bundle's GPUs: a real H200's NVML total and reserved
+    f = _codes(t)
+    assert f["unused_gpu_memory"]["bytes"] == _room(node, 0.9, others=2 * GIB) - MARGIN
+    assert t["recommendations"][0]["value"] == "0.96"
