@@ -119,6 +119,7 @@ def test_v1_tp2_workers_placed_by_their_log_pids(tmp_path, fake_lib, monkeypatch
     assert "Live (http://127.0.0.1:{}/metrics): running 21, waiting 4, KV cache usage 62%, preemptions since " \
         "start 3".format(port) in live  # summed over the two engines; the fuller engine's usage
     assert f["concurrency_bound"]["severity"] == "warning"  # requests are waiting
+    assert "At 8,192 tokens per request (--request-tokens): about {:,} at once".format(355200 // 8192) in live
     assert code in (0, 1) and "vLLM V1 0.27.0" in text and "Worker_TP1" in text
 
 

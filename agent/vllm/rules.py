@@ -149,13 +149,21 @@ def concurrency_bound(a: Analysis) -> Iterator[Finding]:
         return
     times, n = c["times"], c["tokens_per_request"]
     sev = "warning" if times < 1 else "info"
+    typical = a.options.request_tokens
+    at_typical = ""
+    if a.kv_cache_tokens and typical and typical != n:
+        # tokens ÷ length is vLLM's own arithmetic only where every layer is full attention; a hybrid
+        # model's sliding-window or linear-attention layers need less per request (more fit).
+        at_typical = (" At {:,} tokens per request (--request-tokens): about {:,} at once (GPU KV cache size ÷ "
+                      "request length; at least that many for a hybrid model).").format(
+                          typical, a.kv_cache_tokens // typical)
     yield Finding("concurrency_bound", sev,
                   "The KV cache holds {:.2f}× requests of {:,} tokens at once".format(times, n),
-                  "vLLM's own figure ({}): 'Maximum concurrency for {:,} tokens per request: {:.2f}x'{}. {}".format(
+                  "vLLM's own figure ({}): 'Maximum concurrency for {:,} tokens per request: {:.2f}x'{}. {}{}".format(
                       a.concurrency_source, n, times,
                       "; GPU KV cache size {:,} tokens".format(a.kv_cache_tokens) if a.kv_cache_tokens else "",
                       "Not even one full-length request fits." if times < 1 else
-                      "More concurrent long requests than that wait for KV blocks (preemption)."), None,
+                      "More concurrent long requests than that wait for KV blocks (preemption).", at_typical), None,
                   (a.concurrency_source,))
 
 

@@ -221,6 +221,24 @@ def test_v0_c_per_instance_breakdown(tmp_path):
     assert "cudagraph_outside_budget" in codes and "gpu_memory_utilization_semantics" in codes
 
 
+def test_v0_c_oom_in_graph_capture_recommends_eager_mode(tmp_path):
+    """V0-c: graphs are captured outside T·u (0.8.x model_runner.py capture_model), so a CUDA OOM during
+    capture means the graph pool did not fit beside the budget: eager mode needs no graph memory."""
+    kv = _requested() - (W + A + N)
+    blocks = _v0_blocks(kv)
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of "
+           "80.00 GiB of which 448.00 KiB is free.")
+    lines = (_v0_c_lines(W, A, N, kv)
+             + _lines("[executor_base.py:11{}]", ["# cuda blocks: {}, # CPU blocks: 0".format(blocks)])
+             + _lines("[model_runner.py:1{:03d}]", _V0_TAIL[:1]) + [oom])
+    t = _log(tmp_path, lines)
+    failure = t["startup"]["failure"]
+    assert (failure["cause"], failure["stage"]) == ("cuda_out_of_memory", "graph_capture")
+    recs = [(r["flag"], r["value"]) for r in t["recommendations"]]
+    assert ("--enforce-eager", "") in recs
+    assert "unused_gpu_memory" not in _codes(t)  # a failed startup leaves nothing "unused"
+
+
 def test_v0_tp2_the_smaller_worker_binds(tmp_path):
     """V0-c at TP=2: each worker profiles and prints its own breakdown; the executor takes the minimum
     (executor_base.py determine_num_available_blocks: min over workers) and prints one blocks line.
