@@ -11,7 +11,7 @@ import pytest
 from collectors import engine_http, engine_logs, host_memory, procfs
 from collectors.redact import REDACTED, redact_argv, redact_mapping
 from collectors.sglang import processes as sglang_processes
-from tests.conftest import SEED_LOG
+from tests.conftest import ROOT, SEED_LOG
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -173,6 +173,24 @@ def test_journal_reads_this_invocation_newest_first(tmp_path, monkeypatch):
     argv = calls.read_text()
     assert "-u sglang.service" in argv and "_SYSTEMD_INVOCATION_ID=0123456789abcdef0123456789abcdef" in argv
     assert s["lines"][0][0] == 1
+
+
+def test_journal_of_a_vllm_unit_stops_at_its_launch_line(tmp_path, monkeypatch):
+    """vLLM's launch line is 'non-default args:' (0.10+): newest first, the read stops there, and the
+    lines are split into startups by vLLM's own segmenter."""
+    template = (ROOT / "tests" / "fixtures" / "fake_vllm" / "v1-0.27-tp2.log").read_text()
+    older = template.format(server=10, core=11, tp0=12, tp1=13, port=8000).replace("54.2 GiB", "50.0 GiB")
+    current = template.format(server=20, core=21, tp0=22, tp1=23, port=8000)
+    journal = tmp_path / "journal.txt"
+    journal.write_text(older + current)
+    _stand_in(tmp_path, "systemctl", "echo 0123456789abcdef0123456789abcdef\n")
+    _stand_in(tmp_path, "journalctl", "tac {}\n".format(journal))
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    s = engine_logs.collect(("journal", "vllm.service"), engine="vllm")
+    assert s["status"] == "ok" and s["engine"] == "vllm"
+    raws = [r for _, _, r in s["lines"]]
+    assert "non-default args:" in raws[0] and all("pid=1" not in r for r in raws)  # this invocation only
+    assert any("Available KV cache memory: 54.2 GiB" in r for r in raws)
 
 
 def test_docker_logs(tmp_path, monkeypatch):

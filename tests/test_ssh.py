@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.fakenode import FAKE_LIB, GIB, TOTAL, FakeNode, build_fake_nvml
+from tests.fakenode import FAKE_LIB, GIB, TOTAL, FakeNode, FakeVllmNode, build_fake_nvml
 from tests.sshd import SSHD, USER, Sshd, client_config, keygen
 
 if SSHD is None:
@@ -118,6 +118,26 @@ def test_seed_node_end_to_end_over_ssh(env, remote_lib, fake_node):
     assert "sk-do-not-print" not in json.dumps(t)
     rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
     assert rec["basis"] == "estimated"  # one look at NVML over SSH: no recorded history there
+
+
+def test_a_vllm_node_over_ssh(env, tmp_path):
+    """The probe carries vLLM's discovery too: a TP=2 vLLM node read over real sshd is placed and sized
+    as on the node itself (tests/test_inspect_vllm.py)."""
+    build_fake_nvml()
+    with FakeVllmNode(tmp_path / "vllm", tp=2, foreign={1: 2 * GIB}) as node:
+        folder = tmp_path / "vdriver"
+        folder.mkdir()
+        shutil.copy(str(FAKE_LIB), str(folder / "libnvidia-ml.so.1"))
+        shutil.copy(str(node.scenario), str(folder / "scenario.txt"))
+        os.chmod(folder, 0o755)
+        code, (t,), err = _run(env, "node", "--nvml-lib", str(folder / "libnvidia-ml.so.1"), expect=1)
+        pids = dict(node.pids)
+    assert t["status"] == "ok" and t["engine"]["name"] == "vllm"
+    assert [g["rank"] for g in t["gpus"]] == ["Worker_TP0", "Worker_TP1"]
+    assert [p["pid"] for p in t["gpus"][0]["processes"]] == [pids["tp0"]]
+    assert {"unused_gpu_memory", "foreign_gpu_process", "gpu_memory_utilization_semantics"} <= {
+        f["code"] for f in t["findings"]}
+    assert "sk-do-not-print" not in json.dumps(t)
 
 
 def test_same_report_as_on_the_node(env, remote_lib, fake_node, monkeypatch):

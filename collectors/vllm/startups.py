@@ -1,7 +1,8 @@
 """Split a stream of vLLM log events into startups (one per engine launch).
 
 A new startup begins at a launch line (``Initializing … LLM engine (vX) with config``, the
-``non-default args`` line, a ``vllm serve`` command line) when the current one has events, at a
+``non-default args`` line, a ``vllm serve`` command line) when the current one has other events
+or already printed that launch line (one launch prints several of them in a row), at a
 worker's second weights line, at a worker's second profiling/KV line with other figures, at a
 memory line after the current startup failed (unless its timestamp says it was printed before
 the failure: pasted logs are not always in order), and at a V1 max-model-len failure after the KV
@@ -59,6 +60,8 @@ class StartupSegmenter:
         self._failed_ts: Optional[str] = None
         self._failed = False
         self._sized = False
+        self._launch_fmts: Set[str] = set()  # launch lines fed so far ...
+        self._launch_only = True  # ... and nothing else yet
 
     @property
     def current_closed(self) -> bool:
@@ -96,7 +99,9 @@ class StartupSegmenter:
         if self._fed == 0:
             return False
         if ev.kind in _LAUNCH_KINDS:
-            return True
+            # One launch prints several such lines (the API server's `non-default args`, then the
+            # engine's `Initializing a V1 LLM engine`): a new startup needs a repeat or later events.
+            return not self._launch_only or ev.fmt in self._launch_fmts
         if self._failed and ev.kind in _MEMORY_KINDS:
             return not (ev.ts and self._failed_ts and ev.ts < self._failed_ts)
         if ev.kind == "failure" and ev.fmt == "maxlen_v1" and self._sized:
@@ -104,6 +109,10 @@ class StartupSegmenter:
         return ev.kind in _ONCE_PER_WORKER and (ev.rank or "", ev.kind) in self._seen
 
     def _update(self, ev: LogEvent) -> None:
+        if ev.kind in _LAUNCH_KINDS:
+            self._launch_fmts.add(ev.fmt)
+        else:
+            self._launch_only = False
         if ev.kind in _ONCE_PER_WORKER:
             self._seen.add((ev.rank or "", ev.kind))
         if ev.kind in _SIZED:
