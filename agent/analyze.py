@@ -21,7 +21,7 @@ def analyze_startup(startup: Startup, target: str, opts: Options, index: Optiona
                     count: Optional[int] = None, reader_notes: Tuple[str, ...] = (),
                     fallback_args: Optional[Dict[str, Any]] = None) -> Union[Analysis, vllm_analysis.Analysis]:
     if getattr(startup, "engine", "sglang") == "vllm":
-        analysis: Any = vllm_analysis.build_analysis(startup, target, opts, index, count, reader_notes)
+        analysis: Any = vllm_analysis.build_analysis(startup, target, opts, index, count, reader_notes, fallback_args)
     else:
         analysis = build_analysis(startup, target, opts, index, count, reader_notes, fallback_args)
     ctx = rulebook.Context.offline(analysis)

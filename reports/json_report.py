@@ -103,6 +103,9 @@ def vllm_target_dict(a: Any) -> Dict[str, Any]:
                 "times": a.max_concurrency.get("times")},
             "kv_checks": [{"rank": c.rank, "formula": c.formula, "predicted_bytes": c.predicted_bytes,
                            "logged_bytes": c.logged_bytes, "agrees": c.agrees} for c in a.checks],
+            "kv_geometry": None if a.geometry is None else {
+                "kind": a.geometry.kind, "layers": a.geometry.layers, "bytes_per_token": a.geometry.bytes_per_token,
+                "dtype": a.geometry.dtype, "formula": a.geometry.formula},
             "ranks": [_vllm_worker(w) for w in a.ranks],
         },
         "findings": [finding_dict(f) for f in a.findings],

@@ -227,3 +227,47 @@ def test_the_vllm_example_bundle(tmp_path):
     f = _codes(t)
     assert f["unused_gpu_memory"]["bytes"] == _room(node, 0.9, others=2 * GIB) - MARGIN
     assert t["recommendations"][0]["value"] == "0.96"
+
+
+QWEN3_14B = ROOT / "tests" / "fixtures" / "model_configs" / "qwen3-14b.json"
+
+
+def test_model_config_bytes_per_token_against_a_real_log(tmp_path):
+    """Real excerpt 15 (vLLM 0.10.2, Qwen3-14B, TP=1): 40 layers × 8 KV heads × (128 + 128) × 2 B = 163,840 B
+    per token; the log's 6.51 GiB ÷ 42,656 tokens is within print rounding of it."""
+    log = ROOT / "tests" / "fixtures" / "real_vllm" / "15_v1-0102-available-tokens-concurrency-tp1.log"
+    code, out, err = run_cli(["analyze", str(log), "--model-config", str(QWEN3_14B), "--json"])
+    t = json.loads(out)["targets"][0]
+    assert t["startup"]["kv_geometry"]["bytes_per_token"] == 40 * 8 * 256 * 2 == 163840
+    f = _codes(t)["kv_geometry"]
+    assert f["severity"] == "info" and "match" in f["title"]
+    wrong = tmp_path / "config.json"  # another model's: 48 layers
+    wrong.write_text(json.dumps({**json.loads(QWEN3_14B.read_text()), "num_hidden_layers": 48}))
+    code, out, err = run_cli(["analyze", str(log), "--model-config", str(wrong), "--json"])
+    f = _codes(json.loads(out)["targets"][0])["kv_geometry_mismatch"]
+    assert f["severity"] == "warning" and "196,608 B per token" in f["title"]
+
+
+@pytest.mark.parametrize("cfg,tp,dtype,pp,want", [
+    ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}, 2, None, 1,
+     4 * 256 * 32 * 2),  # Llama-3-8B at TP=2: 64 KiB per token per worker
+    ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}, 16, "fp8", 1,
+     1 * 256 * 32 * 1),  # TP beyond the KV heads replicates them; fp8 is one byte
+    ({"num_hidden_layers": 61, "num_attention_heads": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+      "hidden_size": 7168}, 8, None, 1, 576 * 61 * 2),  # MLA: the latent, whole on every rank
+    ({"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}, 1, None, 4,
+     8 * 256 * 20 * 2),  # PP=4: a stage's 20 layers
+])
+def test_vllm_paging_per_worker(cfg, tp, dtype, pp, want):
+    from agent.vllm.kv_geometry import geometry
+
+    assert geometry(cfg, tp, dtype, pp).bytes_per_token == want
+
+
+def test_a_hybrid_config_is_not_reduced_to_one_figure():
+    from agent.model_geometry import GeometryError
+    from agent.vllm.kv_geometry import geometry
+
+    with pytest.raises(GeometryError, match="hybrid"):
+        geometry({"num_hidden_layers": 48, "num_attention_heads": 32, "hidden_size": 4096,
+                  "layer_types": ["sliding_attention", "full_attention"] * 24})

@@ -10,54 +10,13 @@ the indexer's ``index_head_dim + index_head_dim/128×4`` bytes per layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from agent.model_geometry import ELEM, GeometryError, KvGeometry, head_dims, need, resolve_dtype, text_config
 from agent.sglang.era import NEWEST, Era
 
-# torch element sizes for --kv-cache-dtype (fp4 packs two values per byte; scales added below)
-_ELEM = {"bf16": 2.0, "bfloat16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
-         "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "mxfp8": 1.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0,
-         "fp4_e2m1": 0.5, "nvfp4": 0.5, "fp4_mx_block16": 0.5, "float32": 4.0}
+__all__ = ["GeometryError", "KvGeometry", "geometry", "resolve_dtype", "text_config"]
 
-
-class GeometryError(ValueError):
-    """The config lacks what the formula needs; the message names the missing key."""
-
-
-@dataclass(frozen=True)
-class KvGeometry:
-    kind: str  # "mla" | "nsa" | "mha"
-    layers: int
-    bytes_per_token: int
-    dtype: str
-    formula: str  # the arithmetic, with the config's numbers, for the report
-
-
-def text_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
-    """Multimodal checkpoints (Kimi-K2.5, Llama-4, Gemma-3) nest the LM under text_config."""
-    inner = cfg.get("text_config") or cfg.get("language_config") or cfg.get("llm_config")
-    return inner if isinstance(inner, dict) else cfg
-
-
-def resolve_dtype(kv_cache_dtype: Optional[str], cfg: Dict[str, Any]) -> str:
-    """What 'auto' means: the checkpoint's KV quantisation if FP8, else its torch dtype."""
-    name = (kv_cache_dtype or "auto").replace("torch.", "")
-    if name != "auto":
-        return name
-    lm = text_config(cfg)
-    quant = cfg.get("quantization_config") or lm.get("quantization_config") or {}
-    if isinstance(quant, dict) and str(quant.get("kv_cache_quant_algo", "")).upper() == "FP8":
-        return "fp8_e4m3"
-    dtype = str(lm.get("torch_dtype") or cfg.get("torch_dtype") or lm.get("dtype") or "bfloat16")
-    return dtype.replace("torch.", "")
-
-
-def _need(cfg: Dict[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    if not isinstance(value, int) or value <= 0:
-        raise GeometryError("config.json has no positive integer '{}'".format(key))
-    return value
 
 
 def geometry(cfg: Dict[str, Any], attn_tp: int = 1, kv_cache_dtype: Optional[str] = None,
@@ -71,10 +30,10 @@ def geometry(cfg: Dict[str, Any], attn_tp: int = 1, kv_cache_dtype: Optional[str
     era = era or Era(NEWEST, NEWEST, ())
     lm = text_config(cfg)
     dtype = resolve_dtype(kv_cache_dtype, cfg)
-    if dtype not in _ELEM:
+    if dtype not in ELEM:
         raise GeometryError("unknown KV cache dtype '{}'".format(dtype))
-    elem = _ELEM[dtype]
-    n_layers = layers or _need(lm, "num_hidden_layers")
+    elem = ELEM[dtype]
+    n_layers = layers or need(lm, "num_hidden_layers")
     if layers is None and pp_size > 1 and era.at_least((0, 4, 7)):
         n_layers = -(-n_layers // pp_size)
     if "kv_lora_rank" in lm:
@@ -84,8 +43,8 @@ def geometry(cfg: Dict[str, Any], attn_tp: int = 1, kv_cache_dtype: Optional[str
 
 def _mla(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era,
          nsa_backend: Optional[str]) -> KvGeometry:
-    latent = _need(lm, "kv_lora_rank")
-    rope = _need(lm, "qk_rope_head_dim")
+    latent = need(lm, "kv_lora_rank")
+    rope = need(lm, "qk_rope_head_dim")
     index_dim = lm.get("index_head_dim")
     if isinstance(index_dim, int) and index_dim > 0:
         # NSA/DSA (DeepSeek-V3.2): fp8 KV is stored as 512 fp8 + 16 scale bytes + 64 bf16 rope = 656 B per
@@ -108,9 +67,7 @@ def _mla(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era,
 
 
 def _mha(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era, attn_tp: int) -> KvGeometry:
-    heads = _need(lm, "num_attention_heads")
-    kv_heads = lm.get("num_key_value_heads") or heads
-    head_dim = lm.get("head_dim") or _need(lm, "hidden_size") // heads
+    kv_heads, head_dim, _ = head_dims(lm)
     # v_head_dim counts from 0.5.7; before, K and V were both head_dim wide.
     v_head_dim = (lm.get("v_head_dim") or head_dim) if era.at_least((0, 5, 7)) else head_dim
     per_rank = max(1, int(kv_heads) // max(1, attn_tp))

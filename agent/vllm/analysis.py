@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.citing import CitesEvent, where
+from agent.model_geometry import GeometryError, KvGeometry
 from agent.records import Finding, KvChange, Options, Problem, Recommendation
+from agent.vllm import kv_geometry
 from collectors.events import LogEvent
 from collectors.lineformat import Version
 from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES
@@ -189,6 +191,16 @@ class Analysis:
     verdict: Optional[Any] = None  # agent/verdict.py: the answer first
     summary: Summary = Summary()
     budget: Budget = Budget()
+    geometry: Optional[KvGeometry] = None  # bytes per token from --model-config, vLLM's paging
+    geometry_note: Optional[str] = None  # why there is none although a config was given
+
+    def logged_bytes_per_token(self) -> Optional[Tuple[float, Worker]]:
+        """The binding worker's KV memory ÷ the binding KV report (any era: from 0.21 the token figure is
+        concurrency × max_model_len, still blocks × block size for a uniform full-attention model)."""
+        w = self.binding()
+        if w is None or not w.available_kv_bytes or not self.kv_cache_tokens:
+            return None
+        return w.available_kv_bytes / self.kv_cache_tokens, w
 
     @property
     def failed(self) -> Optional[Failure]:
@@ -426,8 +438,25 @@ def _failure(events: Tuple[LogEvent, ...], workers: Tuple[Worker, ...], stages: 
                    primary.rank or None, primary)
 
 
+def _geometry(cfg: Optional[Dict[str, Any]], args: Dict[str, Any]) -> Tuple[Optional[KvGeometry], Optional[str]]:
+    if not cfg:
+        return None, None
+
+    def size(key: str) -> int:
+        value = args.get(key)
+        return value if isinstance(value, int) and 0 < value <= 4096 else 1
+
+    try:
+        return kv_geometry.geometry(cfg, size("tensor_parallel_size"), args.get("kv_cache_dtype"),
+                                    size("pipeline_parallel_size")), None
+    except GeometryError as exc:
+        return None, str(exc)
+
+
 def build_analysis(startup: Startup, target: str, opts: Options, index: Optional[int] = None,
-                   count: Optional[int] = None, reader_notes: Tuple[str, ...] = ()) -> Analysis:
+                   count: Optional[int] = None, reader_notes: Tuple[str, ...] = (),
+                   fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
+    """``fallback_args``: the live server's command-line flags, for what the log does not print."""
     events = startup.events
     problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
     workers = _workers(events)
@@ -437,9 +466,12 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
         if ev.kind == "args":
             args.update(ev.data["args"])
         elif ev.kind == "engine_config":
-            args.update({k: ev.data[k] for k in ("max_model_len", "kv_cache_dtype") if ev.data.get(k) is not None})
+            args.update({k: ev.data[k] for k in ("max_model_len", "kv_cache_dtype", "tensor_parallel_size",
+                                                 "pipeline_parallel_size") if ev.data.get(k) is not None})
         elif ev.kind == "kv_dtype":
             args.setdefault("kv_cache_dtype", ev.data["kv_cache_dtype"])
+    for key, value in (fallback_args or {}).items():
+        args.setdefault(key, value)
     tokens_evs = [e for e in events if e.kind == "kv_tokens" and e.data.get("tokens") is not None]
     reports = tuple(e.data["tokens"] for e in tokens_evs)
     blocks_ev = next((e for e in events if e.kind == "blocks"), None)
@@ -477,6 +509,7 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     if tokens and binding_kv and min(binding_kv) > 0 and not (era.since and era.since >= (0, 21, 0)):
         cell = int(min(binding_kv) / tokens)
     checks = tuple(_checks(workers, events, era))
+    geo, geo_note = _geometry(opts.model_config, args)
     if not complete and died is None:
         problems.append(Problem("log.fragment", "the log stops before the engine finished starting (last stage: {})"
                                 .format(STAGE_WORDS.get(stages[-1], "none") if stages else "none")))
@@ -488,6 +521,7 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
         blocks_ev.data.get("cpu_blocks") if blocks_ev else None, maxlen,
         args.get("kv_cache_dtype"), conc, where(conc_ev) if conc_ev else "", checks, tuple(stages), last,
         complete, died, opts, events, budget=Budget(cell),
+        geometry=geo, geometry_note=geo_note,
         # The shared protocol's pool and length: the binding KV report and max_model_len (vLLM prints
         # no request-slot count; --max-num-seqs is a flag, not a log line).
         summary=Summary(tokens, None, maxlen, where(tokens_evs[reports.index(tokens)]) if tokens is not None else ""))

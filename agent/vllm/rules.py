@@ -167,5 +167,38 @@ def concurrency_bound(a: Analysis) -> Iterator[Finding]:
                   (a.concurrency_source,))
 
 
+GEOMETRY_TOLERANCE = 0.03  # block rounding and the 0.01 GiB print of the KV memory stay well inside
+
+
+def kv_geometry(a: Analysis) -> Iterator[Finding]:
+    """Bytes per token from --model-config (vLLM's paging) against the log's KV memory ÷ its token report."""
+    g = a.geometry
+    if g is None:
+        if a.geometry_note:
+            yield Finding("kv_geometry", "info", "Bytes per token not computed from the model config",
+                          a.geometry_note + ".", None, ())
+        return
+    logged = a.logged_bytes_per_token()
+    if logged is None:
+        yield Finding("kv_geometry", "info", "Bytes per token from the model config: {:,} B".format(g.bytes_per_token),
+                      "{} ({} KV, {}); the log prints no KV memory and token count to compare.".format(
+                          g.formula, g.kind.upper(), g.dtype), None, ())
+        return
+    per_token, w = logged
+    evidence = tuple(x for x in (w.sources.get("available_kv_bytes"), a.summary.source) if x)
+    if abs(per_token - g.bytes_per_token) <= GEOMETRY_TOLERANCE * g.bytes_per_token:
+        yield Finding("kv_geometry", "info", "Bytes per token match the model config: {:,} B".format(g.bytes_per_token),
+                      "{} = {:,} B ({} KV, {}); the log implies {:,.0f} B (KV memory {} ÷ {:,} tokens).".format(
+                          g.formula, g.bytes_per_token, g.kind.upper(), g.dtype, per_token, gib(w.available_kv_bytes),
+                          a.kv_cache_tokens), None, evidence)
+        return
+    yield Finding("kv_geometry_mismatch", "warning",
+                  "The log's KV cache does not match the model config ({:,.0f} B vs {:,} B per token)".format(
+                      per_token, g.bytes_per_token),
+                  "From the config: {} ({}). Check --kv-cache-dtype, the tensor/pipeline parallel sizes, or whether "
+                  "the right config.json was given.".format(g.formula, g.dtype), None, evidence)
+
+
 HEADLINES = [startup_failed, incomplete_startup]
-RULES = [gpu_memory_utilization_semantics, cudagraph_outside_budget, shared_gpu, kv_budget_check, concurrency_bound]
+RULES = [gpu_memory_utilization_semantics, cudagraph_outside_budget, shared_gpu, kv_budget_check, kv_geometry,
+         concurrency_bound]

@@ -198,21 +198,25 @@ def _frame(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
 
 _CFG_LEN = re.compile(r"\bmax_seq_len=(\d+)")
 _CFG_DTYPE = re.compile(r"\bkv_cache_dtype=([\w.]+)")
+_CFG_TP = re.compile(r"\btensor_parallel_size=(\d{1,4})\b")
+_CFG_PP = re.compile(r"\bpipeline_parallel_size=(\d{1,4})\b")
 
 
 def _engine_config(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"version": m.group("v"), "v1": bool(m.group("v1")), "max_model_len": count(_find(_CFG_LEN, msg)),
-            "kv_cache_dtype": _find(_CFG_DTYPE, msg)}
+            "kv_cache_dtype": _find(_CFG_DTYPE, msg), "tensor_parallel_size": count(_find(_CFG_TP, msg)),
+            "pipeline_parallel_size": count(_find(_CFG_PP, msg))}
 
 
 _ARG_UTIL = re.compile(r"(?:--gpu-memory-utilization[= ]|'gpu_memory_utilization': )(\d?\.\d+|1|0)\b")
 _ARG_LEN = re.compile(r"(?:--max-model-len[= ]|'max_model_len': )(\d+)")
 _ARG_DTYPE = re.compile(r"(?:--kv-cache-dtype[= ]|'kv_cache_dtype': ')([\w.]+)")
+_ARG_TP = re.compile(r"(?:(?:--tensor-parallel-size|-tp)[= ]|'tensor_parallel_size': )(\d{1,4})\b")
 
 
 def _args(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
     data = {"gpu_memory_utilization": _fraction(_find(_ARG_UTIL, msg)), "max_model_len": count(_find(_ARG_LEN, msg)),
-            "kv_cache_dtype": _find(_ARG_DTYPE, msg)}
+            "kv_cache_dtype": _find(_ARG_DTYPE, msg), "tensor_parallel_size": count(_find(_ARG_TP, msg))}
     return {"args": {k: v for k, v in data.items() if v is not None}}
 
 

@@ -1,0 +1,55 @@
+"""Bytes of KV cache per token per worker, from a model's config.json, as vLLM pages it (research
+vllm §4.1, read in the wheels' ``vllm/v1/kv_cache_interface.py`` AttentionSpec / MLAAttentionSpec and
+V0 ``vllm/worker/cache_engine.py`` get_cache_block_size):
+
+* full attention: ``max(1, kv_heads // tp) × (head_size + head_size_v) × layers × dtype`` — heads
+  replicate once TP exceeds them (``config/model.py`` get_num_kv_heads);
+* MLA (DeepSeek-V2/V3, Kimi-K2): one latent of ``kv_lora_rank + qk_rope_head_dim`` per layer, no ×2
+  and no TP split (every rank holds it whole);
+* with pipeline parallelism a worker holds its stage's layers: ``ceil(layers / pp)``.
+Sliding-window, linear-attention and mamba layers are paged by group, per request rather than per
+token: such a hybrid config is not reduced to one figure (GeometryError says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from agent.model_geometry import ELEM, GeometryError, KvGeometry, head_dims, need, resolve_dtype, text_config
+
+_FP8_PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head")  # + fp32 scales: not modelled here
+
+
+def _hybrid(lm: Dict[str, Any]) -> Optional[str]:
+    kinds = lm.get("layer_types")
+    if isinstance(kinds, list) and any(k != "full_attention" for k in kinds):
+        return "layer_types {}".format(sorted({str(k) for k in kinds})[:4])
+    if lm.get("sliding_window") and lm.get("use_sliding_window", True) is not False:
+        return "sliding_window {}".format(lm.get("sliding_window"))
+    for key in ("linear_attn_config", "mamba_d_state", "ssm_state_size", "full_attention_interval"):
+        if key in lm:
+            return key
+    return None
+
+
+def geometry(cfg: Dict[str, Any], tp: int = 1, kv_cache_dtype: Optional[str] = None, pp: int = 1) -> KvGeometry:
+    lm = text_config(cfg)
+    dtype = resolve_dtype(kv_cache_dtype, cfg)
+    if dtype not in ELEM or dtype in _FP8_PER_TOKEN_HEAD or ELEM[dtype] < 1:
+        raise GeometryError("KV cache dtype '{}' is not modelled here (packed or per-head scales)".format(dtype))
+    hybrid = _hybrid(lm)
+    if hybrid is not None:
+        raise GeometryError("a hybrid model ({}): vLLM pages each layer group apart".format(hybrid))
+    elem = ELEM[dtype]
+    layers = -(-need(lm, "num_hidden_layers") // max(1, pp))
+    if "kv_lora_rank" in lm:
+        latent = need(lm, "kv_lora_rank") + need(lm, "qk_rope_head_dim")
+        return KvGeometry("mla", layers, int(latent * layers * elem), dtype,
+                          "({} + {}) × {} layers × {:g} B".format(lm["kv_lora_rank"], lm["qk_rope_head_dim"], layers,
+                                                                  elem))
+    kv_heads, head_k, _ = head_dims(lm)
+    head_v = lm.get("v_head_dim") or head_k
+    per_rank = max(1, kv_heads // max(1, tp))
+    return KvGeometry("mha", layers, int(per_rank * (head_k + head_v) * layers * elem), dtype,
+                      "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(
+                          kv_heads, tp, head_k, head_v, layers, elem))
