@@ -68,3 +68,21 @@ def write_log(path: Path, startup: bytes, noise: bytes, size: int, first: bool) 
         if not first:
             f.write(startup)
             f.write(noise[:1 << 20])
+
+
+# The start of a child program that holds GPU memory through the CUDA driver API (libcuda.so.1 via
+# ctypes: what torch's allocator calls underneath), for bench/gpu_check.py and bench/gpu_live.py: it
+# defines ``cuda`` and ``check`` and creates a context on device DEVICE. Standard library only.
+CUDA_CONTEXT_PROGRAM = r"""
+import ctypes, json, os, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(rc, what):
+    if rc != 0:
+        print(json.dumps({"error": "{} returned CUresult {}".format(what, rc)}), flush=True)
+        sys.exit(1)
+check(cuda.cuInit(0), "cuInit")
+dev = ctypes.c_int()
+check(cuda.cuDeviceGet(ctypes.byref(dev), DEVICE), "cuDeviceGet")
+ctx = ctypes.c_void_p()
+check(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
+"""

@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import CUDA_CONTEXT_PROGRAM  # noqa: E402
 from collectors import nvml  # noqa: E402
 
 MIB = 1 << 20
@@ -36,18 +37,7 @@ ALLOC_BYTES = int(os.environ.get("KVF_GPU_CHECK_BYTES", 4 << 30))
 DEVICE = int(os.environ.get("KVF_GPU_CHECK_DEVICE", "0"))
 
 # The holder: the CUDA driver API directly (what torch's allocator calls underneath).
-HOLDER = r"""
-import ctypes, json, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-def check(rc, what):
-    if rc != 0:
-        print(json.dumps({"error": "{} returned CUresult {}".format(what, rc)}), flush=True)
-        sys.exit(1)
-check(cuda.cuInit(0), "cuInit")
-dev = ctypes.c_int()
-check(cuda.cuDeviceGet(ctypes.byref(dev), DEVICE), "cuDeviceGet")
-ctx = ctypes.c_void_p()
-check(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
+HOLDER = CUDA_CONTEXT_PROGRAM + r"""
 free0, total = ctypes.c_size_t(), ctypes.c_size_t()
 check(cuda.cuMemGetInfo_v2(ctypes.byref(free0), ctypes.byref(total)), "cuMemGetInfo")
 ptr = ctypes.c_uint64()

@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import CUDA_CONTEXT_PROGRAM  # noqa: E402
 from collectors import nvml  # noqa: E402
 
 GIB = 1 << 30
@@ -40,18 +41,7 @@ ACTIVATION = 5 * GIB  # profiled into the budget, released after profiling: not 
 CONTEXT = 527 * MIB  # agent/vllm/analysis.py CUDA_CONTEXT_BYTES
 MARGIN = 2 * GIB  # kvforensics' default --margin
 
-ENGINE_CORE = r"""
-import ctypes, json, os, sys, time
-cuda = ctypes.CDLL("libcuda.so.1")
-def check(rc, what):
-    if rc != 0:
-        print(json.dumps({"error": "{} returned CUresult {}".format(what, rc)}), flush=True)
-        sys.exit(1)
-check(cuda.cuInit(0), "cuInit")
-dev = ctypes.c_int()
-check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-ctx = ctypes.c_void_p()
-check(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
+ENGINE_CORE = CUDA_CONTEXT_PROGRAM.replace("DEVICE", "0") + r"""
 ptr = ctypes.c_uint64()
 check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(NBYTES)), "cuMemAlloc")
 check(cuda.cuMemsetD8_v2(ptr, 0, ctypes.c_size_t(NBYTES)), "cuMemsetD8")

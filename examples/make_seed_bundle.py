@@ -37,30 +37,40 @@ def _rewrite(value, old: str, new: str):
     return value
 
 
-def main() -> int:
-    lib = build_fake_nvml()
-    work = Path(tempfile.mkdtemp(prefix="kvf-seed-"))
-    with FakeNode(work) as node:
-        os.environ["FAKE_NVML_SCENARIO"] = str(node.scenario)
-        snap = snapshot.collect(nvml_lib=str(lib), http=False)
-    snap = _rewrite(snap, str(work / "models"), "/models")
-    snap = _rewrite(snap, str(work / "server.log"), "/var/log/sglang/kimi-k2.5.log")
-    snap = _rewrite(snap, str(work), "/opt/sglang")
-    snap = _rewrite(snap, sys.executable, "/opt/sglang/venv/bin/python3")
-    snap["hostname"] = "gpu-node-07"
-    snap["host_memory"].update(SEED_HOST)
+def owned_by(snap: dict, user: str, uid: int) -> None:
+    """Every process of the bundle runs as the service user a real node would have, not as this machine's."""
     for proc in snap["gpu_processes"]["processes"].values():
-        proc["user"] = "sglang"
-        proc["uid"] = 998
+        proc["user"], proc["uid"] = user, uid
     for engine in snap["engines"]["engines"]:
         for proc in [engine["server"]] + engine["schedulers"] + engine["helpers"]:
             if proc:
-                proc["user"], proc["uid"] = "sglang", 998
-    out = ROOT / "examples" / "seed-node.json"
+                proc["user"], proc["uid"] = user, uid
+
+
+def write_bundle(node, name: str, paths: list, hostname: str, host: dict, user: str, uid: int) -> int:
+    """Collect a started fake ``node`` with kvforensics' collectors into examples/``name``, its paths
+    (``(this machine's, the bundle's)`` pairs, then the node's work folder and this Python) made neutral."""
+    lib = build_fake_nvml()
+    with node:
+        os.environ["FAKE_NVML_SCENARIO"] = str(node.scenario)
+        snap = snapshot.collect(nvml_lib=str(lib), http=False)
+    neutral = [(str(node.dir), "/opt/" + user), (sys.executable, "/opt/{}/venv/bin/python3".format(user))]
+    for old, new in paths + neutral:
+        snap = _rewrite(snap, old, new)
+    snap["hostname"] = hostname
+    snap["host_memory"].update(host)
+    owned_by(snap, user, uid)
+    out = ROOT / "examples" / name
     save(snap, str(out))
     print("wrote {} ({} GPUs, {} log lines)".format(out, len(snap["nvml"]["gpus"]), len(snap["engine_log"]["lines"])))
     json.loads(out.read_text())
     return 0
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="kvf-seed-"))
+    return write_bundle(FakeNode(work), "seed-node.json", [(str(work / "models"), "/models"), (
+        str(work / "server.log"), "/var/log/sglang/kimi-k2.5.log")], "gpu-node-07", SEED_HOST, "sglang", 998)
 
 
 if __name__ == "__main__":

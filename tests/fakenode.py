@@ -117,7 +117,8 @@ class FakeNode:
             self.stop()
             raise RuntimeError("fake schedulers did not start")
         for gpu in self.foreign:
-            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "train.py", "--gpu", str(gpu)])
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "train.py", "--gpu", str(gpu)],
+                                 stdout=subprocess.DEVNULL)
             self.procs.append(p)
             self.foreign_pids[gpu] = p.pid
         self.write_scenario()
@@ -295,7 +296,8 @@ class FakeVllmNode(FakeNode):
             holders = [self.pids["core"]]
         self.scheduler_pids = dict(enumerate(holders))
         for gpu in self.foreign:
-            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "train.py", "--gpu", str(gpu)])
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "train.py", "--gpu", str(gpu)],
+                                 stdout=subprocess.DEVNULL)
             self.procs.append(p)
             self.foreign_pids[gpu] = p.pid
         self.write_scenario()
