@@ -16,7 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from collectors import engine_http
+from collectors import engine_http, exposition
+from collectors.vllm import metrics as vllm_metrics
 from tests.conftest import FIXTURES
 
 VLLM = FIXTURES / "vllm_metrics"
@@ -30,7 +31,7 @@ def fixture(name: str) -> str:
 
 def test_labels_with_escapes_commas_and_braces_inside_values():
     line = r'vllm:x{a="say \"hi\", then {go}",b="back\\slash",c="two\nlines",d="\q"} 1.5'
-    name, labels, value = engine_http.parse_sample(line)
+    name, labels, value = exposition.parse_sample(line)
     assert name == "vllm:x" and value == 1.5
     assert labels == {"a": 'say "hi", then {go}', "b": "back\\slash", "c": "two\nlines", "d": "\\q"}
 
@@ -41,23 +42,23 @@ def test_labels_with_escapes_commas_and_braces_inside_values():
     "vllm:x1.0", "# TYPE vllm:x gauge", "", "  ", "{} 1", "=1",
 ])
 def test_non_finite_and_garbage_lines_give_no_sample(line):
-    assert engine_http.parse_sample(line) is None
+    assert exposition.parse_sample(line) is None
 
 
 def test_a_sample_may_carry_a_timestamp_and_a_trailing_comma():
-    assert engine_http.parse_sample('vllm:x{a="1",} 2.5e+01 1700000000000') == ("vllm:x", {"a": "1"}, 25.0)
-    assert engine_http.parse_sample("vllm:x 3") == ("vllm:x", {}, 3.0)
+    assert exposition.parse_sample('vllm:x{a="1",} 2.5e+01 1700000000000') == ("vllm:x", {"a": "1"}, 25.0)
+    assert exposition.parse_sample("vllm:x 3") == ("vllm:x", {}, 3.0)
 
 
 def test_a_repeated_sample_counts_once():
     text = 'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="0"} 2\n'
-    assert engine_http.parse_vllm_metrics(text)[0] == {"vllm:num_requests_running": 2.0}
+    assert vllm_metrics.parse(text)[0] == {"vllm:num_requests_running": 2.0}
 
 
 # --- whole pages, release by release -------------------------------------------------------------
 
 def test_v0_engine_old_name_0_6_3():
-    metrics, config = engine_http.parse_vllm_metrics(fixture("v0.6.3_v0_engine.prom"))
+    metrics, config = vllm_metrics.parse(fixture("v0.6.3_v0_engine.prom"))
     # cpu_cache_usage_perc, num_requests_swapped, the _created gauges and histograms are not read
     assert metrics == {"vllm:num_requests_running": 7.0, "vllm:num_requests_waiting": 3.0,
                        "vllm:gpu_cache_usage_perc": 0.8125, "vllm:num_preemptions_total": 5.0}
@@ -68,7 +69,7 @@ def test_v0_engine_old_name_0_6_3():
 
 
 def test_v1_engine_new_name_two_engines_0_11_0():
-    metrics, config = engine_http.parse_vllm_metrics(fixture("v0.11.0_v1_dp2.prom"))
+    metrics, config = vllm_metrics.parse(fixture("v0.11.0_v1_dp2.prom"))
     # running 12 + 9, waiting 0 + 4 (engine 2's NaN skipped), usage max(0.25, 0.625) (its +Inf
     # skipped), preemptions 2 + 1; the garbage lines add nothing
     assert metrics == {"vllm:num_requests_running": 21.0, "vllm:num_requests_waiting": 4.0,
@@ -82,11 +83,11 @@ def test_v1_engine_new_name_two_engines_0_11_0():
 
 
 def test_newest_release_bounds_cache_config_to_32_labels_keeping_the_ones_that_matter():
-    metrics, config = engine_http.parse_vllm_metrics(fixture("v0.33.0_v1_dp2.prom"))
+    metrics, config = vllm_metrics.parse(fixture("v0.33.0_v1_dp2.prom"))
     # num_requests_waiting_by_reason shares a prefix with num_requests_waiting and must not be added
     assert metrics == {"vllm:num_requests_running": 21.0, "vllm:num_requests_waiting": 4.0,
                        "vllm:kv_cache_usage_perc": 0.625, "vllm:num_preemptions_total": 3.0}
-    assert len(config) == engine_http.CACHE_CONFIG_MAX_LABELS  # 37 attributes served
+    assert len(config) == vllm_metrics.CACHE_CONFIG_MAX_LABELS  # 37 attributes served
     assert {k: config[k] for k in ("block_size", "num_gpu_blocks", "gpu_memory_utilization", "cache_dtype",
                                    "kv_cache_size_tokens", "kv_cache_max_concurrency", "kv_cache_memory_bytes")} == {
         "block_size": 16, "num_gpu_blocks": 116704, "gpu_memory_utilization": 0.92, "cache_dtype": "fp8_e4m3",
@@ -99,24 +100,24 @@ def test_both_cache_usage_names_are_kept_each_under_its_own():
     text = ('vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
             'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
             'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75\n')
-    assert engine_http.parse_vllm_metrics(text) == (
+    assert vllm_metrics.parse(text) == (
         {"vllm:gpu_cache_usage_perc": 0.5, "vllm:kv_cache_usage_perc": 0.75}, None)
 
 
 def test_cache_config_values_are_bounded():
     text = ('vllm:cache_config_info{big="1e16",neg="-2",inf="inf",nan="nan",fl="0.5",s="' + "x" * 80
             + '",exp="1.5e3",none="None",word="fp8"} 1.0\n')
-    config = engine_http.parse_vllm_metrics(text)[1]
+    config = vllm_metrics.parse(text)[1]
     assert config == {"big": None, "neg": -2, "inf": None, "nan": None, "fl": 0.5, "s": "x" * 63 + "…",
                       "exp": 1500.0, "none": None, "word": "fp8"}
-    assert all(len(v) <= engine_http.CACHE_CONFIG_MAX_STR for v in config.values() if isinstance(v, str))
+    assert all(len(v) <= vllm_metrics.CACHE_CONFIG_MAX_STR for v in config.values() if isinstance(v, str))
     many = "vllm:cache_config_info{" + ",".join('l{}="{}"'.format(i, i) for i in range(50)) + "} 1\n"
-    assert len(engine_http.parse_vllm_metrics(many)[1]) == 32
+    assert len(vllm_metrics.parse(many)[1]) == 32
 
 
 def test_no_cache_config_info_is_none_and_non_vllm_text_is_empty():
-    assert engine_http.parse_vllm_metrics("") == ({}, None)
-    assert engine_http.parse_vllm_metrics('sglang:token_usage 0.5\nprocess_cpu_seconds_total 3\n') == ({}, None)
+    assert vllm_metrics.parse("") == ({}, None)
+    assert vllm_metrics.parse('sglang:token_usage 0.5\nprocess_cpu_seconds_total 3\n') == ({}, None)
 
 
 def test_a_page_cut_by_the_read_limit_loses_only_its_last_partial_line(monkeypatch):
