@@ -210,6 +210,11 @@ def test_metrics_parser():
     text = ('# HELP x\nsglang:num_running_reqs{tp_rank="0",model_name="m"} 12.0\n'
             'sglang:num_running_reqs{tp_rank="1"} 12.0\nsglang:token_usage 0.5\nother_metric 3\n')
     assert engine_http.parse_metrics(text) == {"sglang:num_running_reqs": 12.0, "sglang:token_usage": 0.5}
+    # a NaN or infinite sample is not JSON: skipped, so the first finite one counts; a brace inside a
+    # quoted label value is data
+    hostile = ('sglang:token_usage NaN\nsglang:num_queue_reqs{model_name="a}b"} +Inf\n'
+               'sglang:num_queue_reqs{model_name="a}b"} 3\nsglang:token_usage 0.25\n')
+    assert engine_http.parse_metrics(hostile) == {"sglang:token_usage": 0.25, "sglang:num_queue_reqs": 3.0}
 
 
 def test_http_skips_non_loopback_hosts():

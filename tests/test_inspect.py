@@ -333,12 +333,13 @@ def test_nested_namespace_pids_map_through_nspid(tmp_path):
     assert procfs.nspid_index(str(tmp_path)) == {17: 4242}
 
 
-def test_mutated_bundles_are_one_line_errors_never_crashes(tmp_path):
+@pytest.mark.parametrize("bundle", ["seed-node.json", "vllm-node.json"])
+def test_mutated_bundles_are_one_line_errors_never_crashes(tmp_path, bundle):
     """5% of a real bundle's values swapped for wrong types, huge numbers, deep nesting: exit 0/1/2
     with one line, never 4; what loads validates against the snapshot schema."""
     import random
 
-    seed = json.loads((ROOT / "examples" / "seed-node.json").read_text())
+    seed = json.loads((ROOT / "examples" / bundle).read_text())
     rng = random.Random(11)
     hostile = [None, "x", -1, 10**30, 1e308, [], {}, [[[[[[[[]]]]]]]], True, "9" * 5000]
 
