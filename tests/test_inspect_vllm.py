@@ -140,8 +140,27 @@ def test_v1_tp1_engine_core_holds_the_gpu_and_matches_the_logs_name(tmp_path, fa
     g = t["gpus"][0]
     assert g["rank"] == "EngineCore_DP0" and g["processes"][0]["pid"] == core
     assert {x["item"]: x["bytes"] for x in g["ledger"]}["KV pool"] == round(105.3 * GIB)
-    # No T or u in this log: u comes from the command line (--gpu-memory-utilization 0.9).
-    assert _codes(t)["unused_gpu_memory"]["bytes"] == _room(n, 0.9) - MARGIN
+    # No T or u in this log: u comes from the command line (--gpu-memory-utilization 0.9), T from NVML.
+    spare = _room(n, 0.9) - MARGIN
+    assert _codes(t)["unused_gpu_memory"]["bytes"] == spare
+    rec = t["recommendations"][0]
+    cuda_total = n.total - n.reserved
+    assert rec["value"] == "{:.2f}".format(math.floor((0.9 + spare / cuda_total) * 100) / 100) == "0.98"
+    assert "u 0.9 from the command line" in rec["rationale"]
+
+
+def test_below_the_margin_the_budget_is_lowered(tmp_path, fake_lib, monkeypatch):
+    """1 GiB free on each GPU (the workers grew past their budget: NCCL, fragments): below the 2 GiB
+    margin, so u goes down by the shortfall, rounded down to 0.01."""
+    with FakeVllmNode(tmp_path, tp=2, port=_port(), free_bytes=[GIB, GIB]) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        t = _inspect()
+    f = _codes(t)
+    assert f["low_headroom"]["bytes"] == GIB and "lower --gpu-memory-utilization" in f["low_headroom"]["detail"]
+    rec = t["recommendations"][0]
+    total = t["startup"]["ranks"][0]["total_gpu_bytes"]
+    assert rec["value"] == "{:.2f}".format(math.floor((0.9 - GIB / total) * 100) / 100) == "0.89"
+    assert rec["gain_bytes"] < 0 and "below the 2.00 GiB margin" in rec["rationale"]
 
 
 V0_TOTAL = 81920 * MIB  # an A100 80GB; the real V0 log's worker saw 79.19 GiB

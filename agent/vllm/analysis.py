@@ -224,21 +224,28 @@ class Analysis:
             return 0.9
         return None
 
+    def fraction(self, flags: Dict[str, Any]) -> Optional[Tuple[float, str]]:
+        """(--gpu-memory-utilization, where it comes from): the log's, else the command line's, else the
+        era's default; None when none of these says."""
+        w = self.sized_worker()
+        if w is not None:
+            assert w.gpu_memory_utilization is not None
+            return w.gpu_memory_utilization, "u {:g} from the log".format(w.gpu_memory_utilization)
+        given = flags.get("gpu_memory_utilization", self.server_args.get("gpu_memory_utilization"))
+        if isinstance(given, (int, float)) and 0 < given <= 1:
+            return float(given), "u {:g} from the command line".format(given)
+        default = self.default_utilization()
+        return None if default is None else (default, "u {:g}, this era's default".format(default))
+
     def process_ceiling(self, cuda_total: int, flags: Dict[str, Any]) -> Optional[Tuple[int, str]]:
         """(bytes, how) a worker's process may reach on a GPU whose CUDA total is ``cuda_total``: the
         budget T·u at its activation peak, plus the CUDA graph pool where it sits outside the budget
         (before 0.20, or when the era is unknown: the safe side), plus the CUDA context. ``how`` lists
         the terms as they are subtracted from the GPU's memory."""
-        w = self.sized_worker()
-        if w is not None:
-            assert w.gpu_memory_utilization is not None
-            u, src = w.gpu_memory_utilization, "u {:g} from the log".format(w.gpu_memory_utilization)
-        else:
-            given = flags.get("gpu_memory_utilization", self.server_args.get("gpu_memory_utilization"))
-            u = given if isinstance(given, (int, float)) and 0 < given <= 1 else self.default_utilization()
-            if u is None:
-                return None
-            src = "u {:g} from {}".format(u, "the command line" if given is not None else "this era's default")
+        got = self.fraction(flags)
+        if got is None:
+            return None
+        u, src = got
         ceiling = int(cuda_total * u) + CUDA_CONTEXT_BYTES
         how = "T·u ({}) − the CUDA context (~{} MiB)".format(src, CUDA_CONTEXT_BYTES >> 20)
         graphs, _ = self.graphs_outside_bytes()
@@ -251,15 +258,23 @@ class Analysis:
         """The first worker that printed the device total and the fraction (what a new u is sized from)."""
         return next((w for w in self.ranks if w.total_gpu_bytes and w.gpu_memory_utilization is not None), None)
 
-    def utilization_for(self, delta_bytes: int) -> Optional[Tuple[float, int]]:
+    def utilization_for(self, delta_bytes: int, cuda_total: Optional[int] = None,
+                        flags: Optional[Dict[str, Any]] = None) -> Optional[Tuple[float, int]]:
         """(new --gpu-memory-utilization, bytes it moves per worker) for a budget move of about
         ``delta_bytes``: u + delta/T rounded down to 0.01. In every era the budget is T·u, so the
-        KV memory moves by the budget's move (0.20+ graphs sit inside it, still a constant)."""
+        KV memory moves by the budget's move (0.20+ graphs sit inside it, still a constant). T and u
+        are the log's; on a live node whose log prints neither, NVML's ``cuda_total`` and ``fraction``."""
         w = self.sized_worker()
-        if w is None or not delta_bytes:
+        if w is not None:
+            assert w.total_gpu_bytes is not None and w.gpu_memory_utilization is not None
+            u, total = w.gpu_memory_utilization, w.total_gpu_bytes
+        else:
+            got = self.fraction(flags or {})
+            if got is None or not cuda_total:
+                return None
+            u, total = got[0], cuda_total
+        if not delta_bytes:
             return None
-        assert w.total_gpu_bytes is not None and w.gpu_memory_utilization is not None
-        u, total = w.gpu_memory_utilization, w.total_gpu_bytes
         new = math.floor((u + delta_bytes / total) * 100 + 1e-9) / 100
         new = min(max(new, 0.01), 1.0)
         gain = int(round((new - u) * total))

@@ -40,27 +40,34 @@ def on_failure(ctx: "Context") -> Iterator[Recommendation]:
                              "eager mode needs no graph memory (or lower --gpu-memory-utilization by the graph size).")
 
 
-def raise_utilization(ctx: "Context") -> Iterator[Recommendation]:
-    """Memory no budget covers, beyond the margin, into the budget: measured on a live node (NVML,
-    or the run's low-water mark), else estimated from the startup's figures."""
+def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
+    """Memory no budget covers, beyond the margin, into the budget (measured on a live node: NVML, or
+    the run's low-water mark; else estimated from the startup's figures); or, below the margin, the
+    budget lowered by the shortfall so runtime growth (NCCL, allocator fragments) has room."""
     a = ctx.analysis
     if not isinstance(a, Analysis) or a.failed is not None:
         return
     found = spare_memory(ctx)
-    if found is None or not found.worth_it:
+    if found is None or (not found.worth_it and found.spare_bytes >= 0):
         return
-    moved = a.utilization_for(found.spare_bytes)
-    if moved is None or moved[1] <= 0:
+    h = found.headroom
+    g = h.gpu
+    cuda_total = g.total_bytes - g.reserved_bytes if g and g.total_bytes and g.reserved_bytes is not None else None
+    moved = a.utilization_for(found.spare_bytes, cuda_total, ctx.live.engine_args if ctx.live else None)
+    if moved is None or (moved[1] > 0) != (found.spare_bytes > 0):
         return
     new, gain = moved
     cell = a.budget.cell_bytes
-    h = found.headroom
     basis = "measured" if h.measured else "estimated"
+    free = gib(h.free_bytes) + (" free" if ctx.live is not None else " outside the budget after startup")
+    if gain > 0:
+        why = "{} ({}), minus the {} margin: the budget, and with it the KV cache, can grow by {} per worker.".format(
+            free, h.how, gib(a.options.margin_bytes), gib(gain))
+    else:
+        why = ("{} ({}) is below the {} margin: lowering the budget by {} per worker gives it back (the KV cache "
+               "shrinks by as much).").format(free, h.how, gib(a.options.margin_bytes), gib(-gain))
     yield Recommendation("--gpu-memory-utilization", "{:.2f}".format(new), gain, gain // cell if cell else None,
-                         basis, "{} ({}), minus the {} margin: the budget, and with it the KV cache, can grow by {} "
-                         "per worker.".format(gib(h.free_bytes) + " free" if ctx.live is not None else
-                                              gib(h.free_bytes) + " outside the budget after startup", h.how,
-                                              gib(a.options.margin_bytes), gib(gain)))
+                         basis, why)
 
 
-RECOMMENDERS = [on_failure, raise_utilization]
+RECOMMENDERS = [on_failure, resize_utilization]
