@@ -35,29 +35,38 @@ def text_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return inner if isinstance(inner, dict) else cfg
 
 
-def resolve_dtype(kv_cache_dtype: Optional[str], cfg: Dict[str, Any]) -> str:
-    """What 'auto' means: the checkpoint's KV quantisation if FP8, else its torch dtype."""
-    name = (kv_cache_dtype or "auto").replace("torch.", "")
+def resolve_dtype(kv_cache_dtype: Optional[str], cfg: Dict[str, Any], checkpoint_kv: bool = True) -> str:
+    """What 'auto' means: the checkpoint's KV quantisation if FP8 (unless ``checkpoint_kv`` is False: an
+    engine release that ignores it), else its torch dtype."""
+    name = (kv_cache_dtype if isinstance(kv_cache_dtype, str) and kv_cache_dtype else "auto").replace("torch.", "")
     if name != "auto":
         return name
     lm = text_config(cfg)
     quant = cfg.get("quantization_config") or lm.get("quantization_config") or {}
-    if isinstance(quant, dict) and str(quant.get("kv_cache_quant_algo", "")).upper() == "FP8":
+    if checkpoint_kv and isinstance(quant, dict) and str(quant.get("kv_cache_quant_algo", "")).upper() == "FP8":
         return "fp8_e4m3"
     dtype = str(lm.get("torch_dtype") or cfg.get("torch_dtype") or lm.get("dtype") or "bfloat16")
     return dtype.replace("torch.", "")
 
 
+MAX_DIM = 1 << 20  # no real layer count, head count or head size comes near this
+
+
 def need(cfg: Dict[str, Any], key: str) -> int:
     value = cfg.get(key)
-    if not isinstance(value, int) or value <= 0:
-        raise GeometryError("config.json has no positive integer '{}'".format(key))
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM:
+        raise GeometryError("config.json has no plausible positive integer '{}'".format(key))
     return value
+
+
+def optional_dim(cfg: Dict[str, Any], key: str, default: int) -> int:
+    """An optional size (head_dim, v_head_dim, num_key_value_heads): the default when absent."""
+    return need(cfg, key) if cfg.get(key) is not None else default
 
 
 def head_dims(lm: Dict[str, Any]) -> tuple:
     """(KV heads, K head size, attention heads) of a multi-head / grouped-query attention config."""
     heads = need(lm, "num_attention_heads")
-    kv_heads = lm.get("num_key_value_heads") or heads
-    head_dim = lm.get("head_dim") or need(lm, "hidden_size") // heads
-    return int(kv_heads), int(head_dim), heads
+    kv_heads = optional_dim(lm, "num_key_value_heads", heads)
+    head_dim = lm.get("head_dim") and need(lm, "head_dim") or max(1, need(lm, "hidden_size") // heads)
+    return kv_heads, head_dim, heads

@@ -12,7 +12,7 @@ post_load_avail_bytes``, ``target.sources``) and ``engine_warnings(kind)`` ((tex
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from agent.live import GpuLedger, Inspection, Owner
 from agent.records import Finding, KvChange
@@ -121,28 +121,39 @@ def lowest_free(insp: Inspection) -> Optional[Headroom]:
                     evidence, now)
 
 
+def live_settings(insp: Inspection) -> Dict[str, Any]:
+    """The running engine's settings: its command line, and what its /metrics says it runs with
+    (vLLM's cache_config_info), which wins (it is the effective value)."""
+    out = dict(insp.engine_args or {})
+    out.update({k: v for k, v in (insp.snapshot.http.cache_config or {}).items() if v is not None})
+    return out
+
+
 def _within_ceiling(insp: Inspection, h: Optional[Headroom]) -> Optional[Headroom]:
     """An engine whose budget reserves room it frees between peaks (vLLM profiles its activation peak
     into T·u, then releases it) has less headroom than NVML shows now: on each engine GPU, at most
-    total − reserved − the process's ceiling (``process_ceiling``) − other processes."""
+    total − reserved − the process's ceiling (``process_ceiling``) − other processes. Where that
+    cannot be computed (no log, no reserved figure, a budget not set by u), there is no honest figure."""
     a = insp.analysis
     ceiling_of = getattr(a, "process_ceiling", None)
-    if insp.engine_kind == "vllm" and ceiling_of is None:
-        return None  # without its log, NVML free still holds the activation reserve: not spare
-    if h is None or ceiling_of is None:
+    if ceiling_of is None:
+        return None if insp.engine_kind == "vllm" else h  # without its log, NVML free holds the reserve
+    if h is None:
         return h
     for g in insp.engine_gpus:
         if g.total_bytes is None or g.reserved_bytes is None:
-            continue
-        got = ceiling_of(g.total_bytes - g.reserved_bytes, insp.engine_args or {})
+            return None
+        got = ceiling_of(g.total_bytes - g.reserved_bytes, live_settings(insp))
         if got is None:
-            return None  # the budget is unknown: no honest headroom
-        ceiling, how = got
-        others = sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
+            return None
+        ceiling, how, others_inside = got
+        others = 0 if others_inside else sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
         room = g.total_bytes - g.reserved_bytes - ceiling - others
+        if room < 0:
+            return None  # the engine runs past what its own budget allows: the formula does not fit this node
         if room < h.free_bytes:
             h = Headroom(room, "by design on GPU {}: total − reserved − {}{} = {} (NVML free now {}, which still "
-                               "holds the activation peak vLLM reserves and frees after profiling)".format(
+                               "holds the activation peak the budget reserves and frees after profiling)".format(
                                    g.index, how, " − other processes" if others else "", gib(room),
                                    gib(g.free_bytes) if g.free_bytes is not None else "unknown"),
                          "nvmlDeviceGetMemoryInfo_v2(GPU {}) total, reserved; the startup log".format(g.index), g,

@@ -125,10 +125,16 @@ def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any]
     other_pids = {pid for e in snap.others for pid in e.pids}
     engine_pids = set(engine.pids) if engine else set()
     analysis = _analysis(snap, target, opts)
+    extra: List[Problem] = []
+    if engine is not None and analysis is not None and getattr(analysis, "engine", "sglang") != engine.kind:
+        # a forged or mixed-up bundle: the log is another engine's than the server found
+        extra.append(Problem("engine_log.other_engine", "the startup log is {}'s but the server is {}'s: the "
+                             "log is not used".format(analysis.engine, engine.kind)))
+        analysis = None
     gpu_pids = {p.pid for g in snap.nvml.gpus for p in g.processes}
     placed = _PLACE[engine.kind](engine, analysis, gpu_pids) if engine else {}
     gpus = [_gpu_ledger(g, snap.processes, placed, engine_pids, other_pids) for g in snap.nvml.gpus]
-    problems = list(snap.problems) + [p for g in gpus for p in g.problems]
+    problems = list(snap.problems) + extra + [p for g in gpus for p in g.problems]
     nothing = (snap.nvml.status in ("absent", "failed", None) and snap.host_memory.status in ("failed", None)
                and not snap.engines)
     return Inspection(target, _status(snap, analysis, gpus, nothing), tuple(problems), snap, analysis,

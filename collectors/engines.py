@@ -92,25 +92,47 @@ def _public(proc: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in proc.items() if not k.startswith("_")}
 
 
+def _servers(candidates: Dict[int, Any], parents: Dict[int, Any], root: str) -> Tuple[Dict[int, Any], set]:
+    """The real servers among the command lines that look like one, and the PIDs that are forked workers.
+
+    A "server" below another server of its engine is either its forked worker (vLLM V0 forks its ranks,
+    which keep the server's command line exactly) or the real server under a wrapper that matched too
+    (``sudo``, ``timeout 1d``, ``uv run`` … ``vllm serve``): then the wrapper is not a server."""
+    forked, wrappers = set(), set()
+    for pid, proc in candidates.items():
+        above = _ancestor_server(proc, candidates, parents, root)
+        if above is None:
+            continue
+        if proc["cmdline"] == candidates[above]["cmdline"]:
+            forked.add(pid)
+        else:
+            wrappers.add(above)
+    return {pid: p for pid, p in candidates.items() if pid not in forked | wrappers}, forked
+
+
+def _ray_owner(proc: Dict[str, Any], servers: Dict[int, Any]) -> Optional[int]:
+    """Ray's worker actors are children of the raylet, not of the server: the node's one vLLM server
+    owns them; with several, they cannot be placed. (Other untitled children must descend from it.)"""
+    if proc["_kind"] != "vllm" or proc["_role"].get("rank") != "RayWorkerWrapper":
+        return None
+    mine = [pid for pid, s in servers.items() if s["_kind"] == "vllm"]
+    return mine[0] if len(mine) == 1 else None
+
+
 def collect(root: str = "/") -> Dict[str, Any]:
     found = _scan(root)
     parents = {p["pid"]: p.get("ppid") for p in found}
     candidates = {p["pid"]: p for p in found if p["_role"]["role"] == "server"}
-    # A forked worker keeps its server's command line (vLLM V0's default): a "server" below
-    # another server of its engine is that server's child, not a second server.
-    servers = {pid: p for pid, p in candidates.items() if _ancestor_server(p, candidates, parents, root) is None}
+    servers, forked = _servers(candidates, parents, root)
     by_pid = {pid: _engine(p, p["_kind"]) for pid, p in sorted(servers.items())}
     orphans: Dict[str, Dict[str, Any]] = {}
     for proc in found:
-        if proc["pid"] in servers:
-            continue
+        if proc["pid"] in servers or (proc["pid"] in candidates and proc["pid"] not in forked):
+            continue  # a server, or a wrapper around one
         role = proc["_role"]["role"]
         owner = _ancestor_server(proc, servers, parents, root)
-        if owner is None and role == "child" and proc["_kind"] == "vllm":
-            # Ray's worker actors are children of the raylet, not of the server: one vLLM server
-            # on the node owns them; with several, they cannot be placed.
-            mine = [pid for pid, s in servers.items() if s["_kind"] == "vllm"]
-            owner = mine[0] if len(mine) == 1 else None
+        if owner is None and role == "child":
+            owner = _ray_owner(proc, servers)
         if role == "server":  # a forked child of a server
             proc = dict(proc, rank="")
             role = "worker"

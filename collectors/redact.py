@@ -25,7 +25,8 @@ def redact_mapping(data: Any) -> Any:
     if isinstance(data, dict):
         out: Dict[str, Any] = {}
         for key, value in data.items():
-            if is_secret(str(key)) and value not in (None, "", False) and not isinstance(value, (int, float)):
+            # any type: a numeric --api-key 123456 parses as an int, vLLM's api_key is a list of strings
+            if is_secret(str(key)) and value not in (None, "", False, [], True):
                 out[key] = REDACTED
             else:
                 out[key] = redact_mapping(value)
@@ -35,15 +36,17 @@ def redact_mapping(data: Any) -> Any:
     return data
 
 
-# key='value' (ServerArgs repr) and 'key': 'value' (dict form) inside a raw log line
-_ASSIGNED = re.compile(r"""(?P<key>['"]?[A-Za-z_][\w-]*['"]?)(?P<sep>\s*[=:]\s*)(?P<value>'[^']*'|"[^"]*")""")
+# key='value' (ServerArgs repr), 'key': 'value' (dict form) and 'key': ['v1', 'v2'] (vLLM's api_key is a
+# list since 0.10) inside a raw log line
+_ASSIGNED = re.compile(r"""(?P<key>['"]?[A-Za-z_][\w-]*['"]?)(?P<sep>\s*[=:]\s*)"""
+                       r"""(?P<value>'[^']*'|"[^"]*"|\[[^\]]*\])""")
 
 
 def redact_text(line: str) -> str:
     """A log line with the quoted values of secret keys replaced (``api_key='sk-…'``)."""
     def swap(m: "re.Match[str]") -> str:
         key = m.group("key").strip("'\"")
-        if not is_secret(key) or m.group("value") in ("''", '""'):
+        if not is_secret(key) or m.group("value") in ("''", '""', "[]"):
             return m.group(0)
         return m.group("key") + m.group("sep") + "'" + REDACTED + "'"
 

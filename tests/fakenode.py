@@ -244,7 +244,7 @@ class FakeVllmNode(FakeNode):
                  free_bytes: Optional[List[int]] = None, foreign: Optional[Dict[int, int]] = None,
                  metrics_text: Optional[str] = None, log_template: Optional[Path] = None,
                  extra_flags: Optional[List[str]] = None, total: int = H200_TOTAL,
-                 reserved: int = H200_RESERVED) -> None:
+                 reserved: int = H200_RESERVED, utilization: float = 0.9) -> None:
         super().__init__(workdir, tp=tp, free_bytes=free_bytes or [int(17.5 * GIB)] * tp, foreign=foreign,
                          extra_flags=extra_flags)
         self.era = era
@@ -253,6 +253,7 @@ class FakeVllmNode(FakeNode):
         self.template = log_template or (VLLM_LOG_V0 if era == "v0" else VLLM_LOG_V1)
         self.pids: Dict[str, int] = {}
         self.total, self.reserved = total, reserved
+        self.utilization = utilization  # on the command line: keep it what the log's run used
 
     def start(self) -> None:
         pkg = self.dir / "pkgs" / "vllm" / "entrypoints" / "openai"
@@ -271,7 +272,8 @@ class FakeVllmNode(FakeNode):
         out = open(self.log, "w")
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                 "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", str(self.tp),
-                "--gpu-memory-utilization", "0.9", "--api-key", "sk-do-not-print", "--port", str(self.port)]
+                "--gpu-memory-utilization", str(self.utilization), "--api-key", "sk-do-not-print", "--port",
+                str(self.port)]
         server = subprocess.Popen(argv + self.extra_flags, stdout=out, stderr=subprocess.STDOUT, cwd=str(self.dir),
                                   env=env, start_new_session=True)
         out.close()

@@ -162,13 +162,6 @@ def metrics_server(body: bytes) -> Iterator[int]:
         thread.join(5)
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on: one the kernel just picked, released again."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_collect_reads_a_live_vllm_metrics_page():
     with metrics_server(fixture("v0.11.0_v1_dp2.prom").encode("utf-8")) as port:
         s = engine_http.collect({"port": port, "host": "127.0.0.1"}, engine="vllm")
@@ -191,8 +184,12 @@ def test_a_page_without_vllm_metrics_is_not_called_unreachable():
 
 
 def test_vllm_unreachable_port_is_absent():
-    port = free_port()
-    s = engine_http.collect({"port": port, "host": "127.0.0.1"}, engine="vllm")
+    # Held bound but not listening for the whole call: no other process (a second copy of the suite)
+    # can start listening there meanwhile, and a connection is refused at once.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        s = engine_http.collect({"port": port, "host": "127.0.0.1"}, engine="vllm")
     assert s["status"] == "absent" and s["url"] == "http://127.0.0.1:{}".format(port)
     assert s["cache_config"] is None and [p["code"] for p in s["problems"]] == ["engine_http.unreachable"]
 

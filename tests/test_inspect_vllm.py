@@ -107,7 +107,7 @@ def test_v1_tp2_workers_placed_by_their_log_pids(tmp_path, fake_lib, monkeypatch
     room = _room(n, 0.9, others=2 * GIB)
     f = _codes(t)
     assert f["unused_gpu_memory"]["bytes"] == room - MARGIN
-    assert "activation peak vLLM reserves" in f["unused_gpu_memory"]["detail"]
+    assert "activation peak the budget reserves" in f["unused_gpu_memory"]["detail"]
     rec = t["recommendations"][0]
     total = w["total_gpu_bytes"]
     assert rec["flag"] == "--gpu-memory-utilization"
@@ -146,7 +146,7 @@ def test_v1_tp1_engine_core_holds_the_gpu_and_matches_the_logs_name(tmp_path, fa
     rec = t["recommendations"][0]
     cuda_total = n.total - n.reserved
     assert rec["value"] == "{:.2f}".format(math.floor((0.9 + spare / cuda_total) * 100) / 100) == "0.98"
-    assert "u 0.9 from the command line" in rec["rationale"]
+    assert "u 0.9 from the running server" in rec["rationale"]
 
 
 def test_below_the_margin_the_budget_is_lowered(tmp_path, fake_lib, monkeypatch):
@@ -171,7 +171,7 @@ def test_v0_the_server_runs_the_driver_and_forked_ranks_are_workers(tmp_path, fa
     """V0: the API server process holds GPU 0 (its lines carry no prefix); a forked rank keeps the
     server's command line and is its worker, not a second server."""
     with FakeVllmNode(tmp_path, tp=2, era="v0", port=_port(), total=V0_TOTAL, reserved=V0_RESERVED,
-                      free_bytes=[15 * GIB, 15 * GIB]) as n:
+                      free_bytes=[15 * GIB, 15 * GIB], utilization=0.8) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
         t = _inspect()
         pids = dict(n.pids)
@@ -290,3 +290,170 @@ def test_a_hybrid_config_is_not_reduced_to_one_figure():
     with pytest.raises(GeometryError, match="hybrid"):
         geometry({"num_hidden_layers": 48, "num_attention_heads": 32, "hidden_size": 4096,
                   "layer_types": ["sliding_attention", "full_attention"] * 24})
+
+
+# --- what a review found: each case is a node shape or input that misled the first version -------------
+
+SPAWN = ["/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+         "--multiprocessing-fork"]
+
+
+def _proc_tree(root, procs):
+    """A /proc tree of (pid, ppid, argv) for the process scan."""
+    for pid, ppid, argv in procs:
+        d = root / "proc" / str(pid)
+        d.mkdir(parents=True)
+        (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        (d / "stat").write_text("{} (x) S {} {}\n".format(pid, ppid, " ".join(["0"] * 20)))
+        (d / "status").write_text("Uid:\t0\t0\t0\t0\n")
+    return str(root)
+
+
+def _shape(tmp_path, procs):
+    return [(e["kind"], e["server"] and e["server"]["pid"], [(w["pid"], w["rank"]) for w in e["schedulers"]])
+            for e in engines.collect(_proc_tree(tmp_path, procs))["engines"]]
+
+
+@pytest.mark.parametrize("procs,want", [
+    # a wrapper that stays the parent (sudo, timeout, uv run) is not the server: the process it runs is
+    ([(100, 1, ["sudo", "vllm", "serve", "m"]), (101, 100, ["/usr/bin/python3", "/usr/bin/vllm", "serve", "m"]),
+      (102, 101, ["VLLM::EngineCore"])], [("vllm", 101, [(102, "EngineCore")])]),
+    ([(100, 1, ["sudo", "python", "-m", "sglang.launch_server", "--tp", "2"]),
+      (101, 100, ["python", "-m", "sglang.launch_server", "--tp", "2"]), (102, 101, ["sglang::scheduler_TP0"])],
+     [("sglang", 101, [(102, "TP0")])]),
+    # a V0 rank forked from the server keeps its command line exactly: a worker, not a second server
+    ([(100, 1, ["timeout", "1d", "vllm", "serve", "m"]), (101, 100, ["python3", "/usr/bin/vllm", "serve", "m"]),
+      (102, 101, ["python3", "/usr/bin/vllm", "serve", "m"])], [("vllm", 101, [(102, "")])]),
+    # a training job's spawn workers beside a vLLM server are not the server's
+    ([(200, 1, ["vllm", "serve", "a"]), (201, 200, ["VLLM::EngineCore"]), (900, 1, ["python", "train.py"]),
+      (901, 900, SPAWN)], [("vllm", 200, [(201, "EngineCore")])]),
+    # Ray's actors hang below the raylet: the node's one vLLM server owns them
+    ([(200, 1, ["vllm", "serve", "a"]), (400, 1, ["raylet"]), (500, 400, ["ray::RayWorkerWrapper.execute_method"])],
+     [("vllm", 200, [(500, "RayWorkerWrapper")])]),
+    # 0.10.1 appends the rank to a spawned worker's title
+    ([(200, 1, ["vllm", "serve", "a"]), (201, 200, SPAWN[:-1] + ["--multiprocessing-fork_TP1"])],
+     [("vllm", 200, [(201, "TP1")])]),
+])
+def test_process_tree_shapes(tmp_path, procs, want):
+    assert _shape(tmp_path, procs) == want
+
+
+def test_the_running_servers_fraction_beats_an_older_logs(tmp_path, fake_lib, monkeypatch):
+    """The server runs with u 0.95; the log (the 0.27 template) is from a run at 0.9."""
+    with FakeVllmNode(tmp_path, tp=2, port=_port(), utilization=0.95, free_bytes=[10 * GIB] * 2) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        t = _inspect()
+    room = _room(n, 0.95)
+    assert room < 10 * GIB and _codes(t)["unused_gpu_memory"]["bytes"] == room - MARGIN
+    rec = t["recommendations"][0]
+    assert "u 0.95 from the running server" in rec["rationale"] and float(rec["value"]) > 0.95
+
+
+def test_a_fixed_kv_cache_size_leaves_no_fraction_to_raise(tmp_path, fake_lib, monkeypatch):
+    """--kv-cache-memory-bytes sizes the KV cache directly: --gpu-memory-utilization does nothing, so no
+    by-design room and no raise of it."""
+    with FakeVllmNode(tmp_path, tp=2, port=_port(), extra_flags=["--kv-cache-memory-bytes", "58196806861"]) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        t = _inspect()
+    assert "unused_gpu_memory" not in _codes(t)
+    assert not any(r["flag"] == "--gpu-memory-utilization" for r in t["recommendations"])
+
+
+def _bundle(tmp_path, change):
+    doc = json.loads((ROOT / "examples" / "vllm-node.json").read_text())
+    change(doc)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = run_cli(["inspect", "--from", str(path), "--json"])
+    assert code in (0, 1), err
+    return json.loads(out)["targets"][0]
+
+
+def test_without_a_reserved_figure_there_is_no_unused_verdict(tmp_path):
+    def no_reserved(doc):
+        for g in doc["nvml"]["gpus"]:
+            g["reserved_bytes"] = None
+    t = _bundle(tmp_path, no_reserved)
+    assert "unused_gpu_memory" not in _codes(t) and not t["recommendations"]
+
+
+def test_a_log_of_the_other_engine_is_set_aside(tmp_path):
+    def mixed(doc):
+        for e in doc["engines"]["engines"]:
+            e["kind"] = "sglang"
+    t = _bundle(tmp_path, mixed)
+    assert any(p["code"] == "engine_log.other_engine" for p in t["problems"]) and t["engine"]["name"] == "sglang"
+
+
+def test_v0_spawned_engine_process_runs_the_driver():
+    """V0 from 0.6.0: the OpenAI server spawns the engine, an untitled child holding GPU 0 whose lines carry
+    no prefix; the other rank prints its PID."""
+    from agent.evidence import Engine, Process
+    from agent.vllm.analysis import Analysis, Worker
+    from agent.vllm.live import place
+
+    def proc(pid):
+        return Process(pid, False)
+
+    engine = Engine(proc(100), ((proc(101), ""), (proc(102), "")), (), {}, 8000, {}, "vllm")
+    workers = (Worker(rank="", available_kv_bytes=5 * GIB), Worker(rank="VllmWorkerProcess pid=102",
+                                                                  available_kv_bytes=6 * GIB))
+    analysis = Analysis.__new__(Analysis)
+    object.__setattr__(analysis, "ranks", workers)
+    placed = place(engine, analysis, {101, 102})
+    assert placed[101][0] == "driver" and placed[101][1][0].bytes == 5 * GIB
+    assert placed[102][0] == "VllmWorkerProcess" and placed[102][1][0].bytes == 6 * GIB
+
+
+def test_a_data_parallel_launch_is_one_startup():
+    """Each engine core prints its own banner (EngineCore_DP0, _DP1): one launch, not two startups."""
+    from collectors.vllm.startups import segment_lines
+
+    text = (ROOT / "tests" / "fixtures" / "fake_vllm" / "v1-0.27-tp2.log").read_text().format(
+        server=1, core=2, tp0=3, tp1=4, port=8000).splitlines()
+    banner = next(x for x in text if "Initializing a V1 LLM engine" in x)
+    lines = text[:3] + [banner.replace("EngineCore_DP0 pid=2", "EngineCore_DP1 pid=5")] + text[3:]
+    startups = segment_lines([(i + 1, 0, x) for i, x in enumerate(lines)])
+    assert len(startups) == 1 and any(e.kind == "args" for e in startups[0].events)
+    restarted = segment_lines([(i + 1, 0, x) for i, x in enumerate(text + text)])
+    assert len(restarted) == 2
+
+
+def test_checkpoint_fp8_kv_counts_only_from_0_14():
+    from agent.model_geometry import GeometryError
+    from agent.vllm.kv_geometry import geometry
+
+    cfg = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+           "torch_dtype": "bfloat16", "quantization_config": {"kv_cache_quant_algo": "FP8"}}
+    assert geometry(cfg, 1, "auto", 1, True).bytes_per_token == 8 * 256 * 32 * 1  # 0.14+: fp8
+    assert geometry(cfg, 1, "auto", 1, False).bytes_per_token == 8 * 256 * 32 * 2  # before: the model's bf16
+    with pytest.raises(GeometryError, match="0.14"):
+        geometry(cfg, 1, "auto", 1, None)
+
+
+def test_api_keys_in_vllms_argument_list_are_redacted():
+    from collectors.redact import redact_mapping, redact_text
+
+    line = "non-default args: {'model': 'm', 'api_key': ['sk-live-SECRET'], 'max_num_batched_tokens': 8192}"
+    assert "sk-live" not in redact_text(line) and "8192" in redact_text(line)
+    assert redact_mapping({"api_key": 123456, "max_model_len": 4096}) == {"api_key": "<redacted>",
+                                                                         "max_model_len": 4096}
+
+
+def test_in_v1_before_0_9_1_other_processes_are_inside_the_budget():
+    """V1-a (0.8.x gpu_worker.py determine_available_memory): the non-torch figure is the device's whole
+    non-torch use, other processes and the context included, so the room beside the engine is T − T·u."""
+    from agent.records import Options
+    from agent.vllm.analysis import build_analysis
+    from collectors.vllm.startups import segment_lines
+
+    stamp = "INFO 05-01 10:00:0{} "
+    lines = [stamp.format(0) + "[gpu_model_runner.py:1000] Model loading took 15.0000 GB and 10.000000 seconds",
+             stamp.format(1) + "[kv_cache_utils.py:500] GPU KV cache size: 442,368 tokens",
+             stamp.format(2) + "[kv_cache_utils.py:501] Maximum concurrency for 8,192 tokens per request: 54.00x",
+             stamp.format(3) + "[gpu_model_runner.py:1001] Graph capturing finished in 5 secs, took 0.50 GiB",
+             stamp.format(4) + "[core.py:100] init engine (profile, create kv cache, warmup model) took 30.00 seconds"]
+    a = build_analysis(segment_lines([(i + 1, 0, x) for i, x in enumerate(lines)])[0], "t", Options())
+    assert a.era.name == "V1-a"
+    ceiling, how, others_inside = a.process_ceiling(80 * GIB, {"gpu_memory_utilization": 0.9})
+    assert (ceiling, others_inside) == (int(80 * GIB * 0.9), True) and "inside it in this era" in how

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agent.model_geometry import ELEM, GeometryError, KvGeometry, head_dims, need, resolve_dtype, text_config
+from agent.model_geometry import (
+    ELEM,
+    GeometryError,
+    KvGeometry,
+    head_dims,
+    need,
+    optional_dim,
+    resolve_dtype,
+    text_config,
+)
 from agent.sglang.era import NEWEST, Era
 
 __all__ = ["GeometryError", "KvGeometry", "geometry", "resolve_dtype", "text_config"]
@@ -69,7 +78,7 @@ def _mla(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era,
 def _mha(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era, attn_tp: int) -> KvGeometry:
     kv_heads, head_dim, _ = head_dims(lm)
     # v_head_dim counts from 0.5.7; before, K and V were both head_dim wide.
-    v_head_dim = (lm.get("v_head_dim") or head_dim) if era.at_least((0, 5, 7)) else head_dim
+    v_head_dim = optional_dim(lm, "v_head_dim", head_dim) if era.at_least((0, 5, 7)) else head_dim
     per_rank = max(1, int(kv_heads) // max(1, attn_tp))
     width = per_rank * (head_dim + v_head_dim) * n_layers
     formula = "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(

@@ -225,34 +225,45 @@ class Analysis:
         return None
 
     def fraction(self, flags: Dict[str, Any]) -> Optional[Tuple[float, str]]:
-        """(--gpu-memory-utilization, where it comes from): the log's, else the command line's, else the
-        era's default; None when none of these says."""
+        """(--gpu-memory-utilization, where it comes from): the running server's (its command line, or
+        its /metrics cache_config), else the log's, else the era's default; None when none of these says,
+        or when --kv-cache-memory-bytes fixes the KV cache instead (then u sizes nothing)."""
+        if _given(flags, "kv_cache_memory_bytes") is not None or _given(self.server_args, "kv_cache_memory_bytes"):
+            return None
+        given = _given(flags, "gpu_memory_utilization")
+        if given is not None:
+            return given, "u {:g} from the running server".format(given)
         w = self.sized_worker()
         if w is not None:
             assert w.gpu_memory_utilization is not None
             return w.gpu_memory_utilization, "u {:g} from the log".format(w.gpu_memory_utilization)
-        given = flags.get("gpu_memory_utilization", self.server_args.get("gpu_memory_utilization"))
-        if isinstance(given, (int, float)) and 0 < given <= 1:
-            return float(given), "u {:g} from the command line".format(given)
+        logged = _given(self.server_args, "gpu_memory_utilization")
+        if logged is not None:
+            return logged, "u {:g} from the log's arguments".format(logged)
         default = self.default_utilization()
         return None if default is None else (default, "u {:g}, this era's default".format(default))
 
-    def process_ceiling(self, cuda_total: int, flags: Dict[str, Any]) -> Optional[Tuple[int, str]]:
-        """(bytes, how) a worker's process may reach on a GPU whose CUDA total is ``cuda_total``: the
-        budget T·u at its activation peak, plus the CUDA graph pool where it sits outside the budget
-        (before 0.20, or when the era is unknown: the safe side), plus the CUDA context. ``how`` lists
-        the terms as they are subtracted from the GPU's memory."""
+    def process_ceiling(self, cuda_total: int, flags: Dict[str, Any]) -> Optional[Tuple[int, str, bool]]:
+        """(bytes, how, others inside) a worker's process may reach on a GPU whose CUDA total is
+        ``cuda_total``: the budget T·u at its activation peak, plus the CUDA graph pool where it sits
+        outside the budget (before 0.20, or when the era is unknown: the safe side), plus the CUDA
+        context. In 0.6.4.x and V1 ≤ 0.9.0 the budget counts every other process and the context
+        inside it (their non-torch figure is the device's whole non-torch use): ``others inside``.
+        ``how`` lists the terms as they are subtracted from the GPU's memory."""
         got = self.fraction(flags)
         if got is None:
             return None
         u, src = got
+        if self.era.name in ("V0-b", "V1-a"):
+            return int(cuda_total * u), "T·u ({}; other processes and the CUDA context are inside it in this " \
+                "era)".format(src), True
         ceiling = int(cuda_total * u) + CUDA_CONTEXT_BYTES
         how = "T·u ({}) − the CUDA context (~{} MiB)".format(src, CUDA_CONTEXT_BYTES >> 20)
         graphs, _ = self.graphs_outside_bytes()
         if graphs and self.era.graphs_inside is not True:
             ceiling += graphs
             how += " − the CUDA graph pool outside the budget"
-        return ceiling, how
+        return ceiling, how, False
 
     def sized_worker(self) -> Optional[Worker]:
         """The first worker that printed the device total and the fraction (what a new u is sized from)."""
@@ -262,17 +273,14 @@ class Analysis:
                         flags: Optional[Dict[str, Any]] = None) -> Optional[Tuple[float, int]]:
         """(new --gpu-memory-utilization, bytes it moves per worker) for a budget move of about
         ``delta_bytes``: u + delta/T rounded down to 0.01. In every era the budget is T·u, so the
-        KV memory moves by the budget's move (0.20+ graphs sit inside it, still a constant). T and u
-        are the log's; on a live node whose log prints neither, NVML's ``cuda_total`` and ``fraction``."""
+        KV memory moves by the budget's move (0.20+ graphs sit inside it, still a constant). u is
+        ``fraction``'s; T is NVML's ``cuda_total`` on a live node, else the log's."""
+        got = self.fraction(flags or {})
         w = self.sized_worker()
-        if w is not None:
-            assert w.total_gpu_bytes is not None and w.gpu_memory_utilization is not None
-            u, total = w.gpu_memory_utilization, w.total_gpu_bytes
-        else:
-            got = self.fraction(flags or {})
-            if got is None or not cuda_total:
-                return None
-            u, total = got[0], cuda_total
+        total = cuda_total or (w.total_gpu_bytes if w is not None else None)
+        if got is None or not total:
+            return None
+        u = got[0]
         if not delta_bytes:
             return None
         new = math.floor((u + delta_bytes / total) * 100 + 1e-9) / 100
@@ -453,7 +461,16 @@ def _failure(events: Tuple[LogEvent, ...], workers: Tuple[Worker, ...], stages: 
                    primary.rank or None, primary)
 
 
-def _geometry(cfg: Optional[Dict[str, Any]], args: Dict[str, Any]) -> Tuple[Optional[KvGeometry], Optional[str]]:
+def _given(flags: Dict[str, Any], key: str) -> Optional[float]:
+    """A positive number a server's settings give for ``key`` (bool, text, NaN and junk are not)."""
+    value = flags.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e15:
+        return None
+    return None if key == "gpu_memory_utilization" and value > 1 else float(value)
+
+
+def _geometry(cfg: Optional[Dict[str, Any]], args: Dict[str, Any],
+              era: Era) -> Tuple[Optional[KvGeometry], Optional[str]]:
     if not cfg:
         return None, None
 
@@ -462,8 +479,10 @@ def _geometry(cfg: Optional[Dict[str, Any]], args: Dict[str, Any]) -> Tuple[Opti
         return value if isinstance(value, int) and 0 < value <= 4096 else 1
 
     try:
+        reads = True if era.since and era.since >= (0, 14, 0) else (
+            False if era.until and era.until < (0, 14, 0) else None)
         return kv_geometry.geometry(cfg, size("tensor_parallel_size"), args.get("kv_cache_dtype"),
-                                    size("pipeline_parallel_size")), None
+                                    size("pipeline_parallel_size"), reads), None
     except GeometryError as exc:
         return None, str(exc)
 
@@ -524,7 +543,7 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     if tokens and binding_kv and min(binding_kv) > 0 and not (era.since and era.since >= (0, 21, 0)):
         cell = int(min(binding_kv) / tokens)
     checks = tuple(_checks(workers, events, era))
-    geo, geo_note = _geometry(opts.model_config, args)
+    geo, geo_note = _geometry(opts.model_config, args, era)
     if not complete and died is None:
         problems.append(Problem("log.fragment", "the log stops before the engine finished starting (last stage: {})"
                                 .format(STAGE_WORDS.get(stages[-1], "none") if stages else "none")))

@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agent.model_geometry import ELEM, GeometryError, KvGeometry, head_dims, need, resolve_dtype, text_config
+from agent.model_geometry import (
+    ELEM,
+    GeometryError,
+    KvGeometry,
+    head_dims,
+    need,
+    optional_dim,
+    resolve_dtype,
+    text_config,
+)
 
 _FP8_PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head")  # + fp32 scales: not modelled here
 
@@ -32,9 +41,25 @@ def _hybrid(lm: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def geometry(cfg: Dict[str, Any], tp: int = 1, kv_cache_dtype: Optional[str] = None, pp: int = 1) -> KvGeometry:
+def _dtype(cfg: Dict[str, Any], kv_cache_dtype: Optional[str], reads_checkpoint_kv: Optional[bool]) -> str:
+    """What 'auto' stores: from 0.14 a checkpoint's FP8 KV setting (ModelOpt kv_cache_quant_algo;
+    arg_utils resolve_kv_cache_dtype_string), before that the model's dtype (0.11 gpu_model_runner)."""
+    auto = not isinstance(kv_cache_dtype, str) or kv_cache_dtype in ("", "auto")
+    with_checkpoint = resolve_dtype(kv_cache_dtype, cfg)
+    if not auto or reads_checkpoint_kv:
+        return with_checkpoint
+    without = resolve_dtype(kv_cache_dtype, cfg, checkpoint_kv=False)
+    if reads_checkpoint_kv is None and without != with_checkpoint:
+        raise GeometryError("the checkpoint asks for an FP8 KV cache, which vLLM honours only from 0.14; the log "
+                            "does not say which side of 0.14 this release is")
+    return without
+
+
+def geometry(cfg: Dict[str, Any], tp: int = 1, kv_cache_dtype: Optional[str] = None, pp: int = 1,
+             reads_checkpoint_kv: Optional[bool] = True) -> KvGeometry:
+    """``reads_checkpoint_kv``: the release is 0.14+ (True), older (False) or unknown (None)."""
     lm = text_config(cfg)
-    dtype = resolve_dtype(kv_cache_dtype, cfg)
+    dtype = _dtype(cfg, kv_cache_dtype, reads_checkpoint_kv)
     if dtype not in ELEM or dtype in _FP8_PER_TOKEN_HEAD or ELEM[dtype] < 1:
         raise GeometryError("KV cache dtype '{}' is not modelled here (packed or per-head scales)".format(dtype))
     hybrid = _hybrid(lm)
@@ -48,7 +73,7 @@ def geometry(cfg: Dict[str, Any], tp: int = 1, kv_cache_dtype: Optional[str] = N
                           "({} + {}) × {} layers × {:g} B".format(lm["kv_lora_rank"], lm["qk_rope_head_dim"], layers,
                                                                   elem))
     kv_heads, head_k, _ = head_dims(lm)
-    head_v = lm.get("v_head_dim") or head_k
+    head_v = optional_dim(lm, "v_head_dim", head_k)
     per_rank = max(1, kv_heads // max(1, tp))
     return KvGeometry("mha", layers, int(per_rank * (head_k + head_v) * layers * elem), dtype,
                       "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(

@@ -2,8 +2,9 @@
 
 A worker is found, in order, by the PID its log lines print (``(Worker_TP0 pid=26347)``: the log
 of this very run), by its process title against the log's prefix (``VLLM::Worker_TP0`` ↔
-``Worker_TP0 pid=…``, titles since 0.10.1), or, for a log without prefixes (V0 with TP=1: the
-API server runs the driver worker itself), as the server process. A worker the log does not name
+``Worker_TP0 pid=…``, titles since 0.10.1), or, for the log's lines without a prefix (V0's driver
+worker), as the server process when it holds a GPU itself, else as the one untitled engine process
+on a GPU that no PID names (the engine process V0's OpenAI server spawns from 0.6.0). A worker the log does not name
 keeps its title (``Worker_TP1``) or ``pid N`` and gets no logged items: NVML's figure stands whole.
 """
 
@@ -73,15 +74,24 @@ def place(engine: Engine, analysis: Optional[Analysis], gpu_pids: Set[int]) -> D
         return name if names.count(name) == 1 else w.rank
 
     out: Dict[int, Tuple[str, List[LedgerItem]]] = {}
+    unmatched: List[int] = []
     for proc, title in engine.workers:
         if proc.pid not in gpu_pids:
             continue
         w = by_pid.get(proc.pid) or (by_name.get(title) if title else None) or _engine_core(title, workers)
         out[proc.pid] = (label(w, title or "pid {}".format(proc.pid)), logged_items(w))
+        if w is None and not title:
+            unmatched.append(proc.pid)
     server = engine.server
     titled = any(title for _, title in engine.workers)
     if server is not None and server.pid in gpu_pids and not titled:
-        # V0: the server process runs the driver worker (rank 0) on its own GPU.
+        # V0 run with --disable-frontend-multiprocessing (or before 0.6.0): the server process runs
+        # the driver worker (rank 0) on its own GPU.
         w = by_pid.get(server.pid) or bare
         out[server.pid] = (label(w, DRIVER), logged_items(w))
+    elif bare is not None and len(unmatched) == 1:
+        # V0 from 0.6.0: the OpenAI server spawns the engine (api_server.py build_async_engine_client_from_
+        # engine_args, multiprocessing "spawn"), an untitled child that runs the driver; its lines carry no
+        # prefix, the other ranks' print their PIDs.
+        out[unmatched[0]] = (DRIVER, logged_items(bare))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Iterator
 
-from agent.node_rules import spare_memory
+from agent.node_rules import live_settings, spare_memory
 from agent.records import Recommendation
 from agent.vllm.analysis import Analysis
 from collectors.units import gib
@@ -53,7 +53,7 @@ def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
     h = found.headroom
     g = h.gpu
     cuda_total = g.total_bytes - g.reserved_bytes if g and g.total_bytes and g.reserved_bytes is not None else None
-    moved = a.utilization_for(found.spare_bytes, cuda_total, ctx.live.engine_args if ctx.live else None)
+    moved = a.utilization_for(found.spare_bytes, cuda_total, live_settings(ctx.live) if ctx.live else None)
     if moved is None or (moved[1] > 0) != (found.spare_bytes > 0):
         return
     new, gain = moved

@@ -81,4 +81,5 @@ def parse(text: str) -> Tuple[Dict[str, float], Optional[Dict[str, Any]]]:
             metrics[name] = max(value, metrics.get(name, value))
         else:
             metrics[name] = metrics.get(name, 0.0) + value
-    return metrics, config
+    # two finite samples can sum past float range: an infinite figure is not JSON, and no figure at all
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}, config

@@ -88,7 +88,8 @@ def classify(argv: List[str]) -> Optional[Dict[str, Any]]:
         if token.rsplit("/", 1)[-1] == "vllm" or token == "vllm.entrypoints.cli.main":
             if i + 1 < len(argv) and argv[i + 1] == "serve":
                 return {"role": "server", "launch": "serve", "flags_at": i + 2}
-    if "--multiprocessing-fork" in argv and any("spawn_main" in a for a in argv):
+    # 0.10.1 appends "_TP0" to a spawned worker's title: "... --multiprocessing-fork_TP0"
+    if any(a.startswith("--multiprocessing-fork") for a in argv) and any("spawn_main" in a for a in argv):
         m = _SPAWN_RANK.search(argv[-1])
         return {"role": "child", "rank": m.group(1) if m else ""}
     return None

@@ -62,6 +62,7 @@ class StartupSegmenter:
         self._sized = False
         self._launch_fmts: Set[str] = set()  # launch lines fed so far ...
         self._launch_only = True  # ... and nothing else yet
+        self._banners: Set[str] = set()  # the engine cores that printed their banner
 
     @property
     def current_closed(self) -> bool:
@@ -98,6 +99,12 @@ class StartupSegmenter:
     def _is_boundary(self, ev: LogEvent) -> bool:
         if self._fed == 0:
             return False
+        if ev.kind == "engine_config":
+            # One launch prints one banner per engine core (data parallel: EngineCore_DP0, _DP1, …), not
+            # always before the first memory line: a banner is a new launch when its engine already
+            # printed one, or when this startup has events and no banner yet.
+            name = _process_name(ev)
+            return name in self._banners or (not self._launch_only and not self._banners)
         if ev.kind in _LAUNCH_KINDS:
             # One launch prints several such lines (the API server's `non-default args`, then the
             # engine's `Initializing a V1 LLM engine`): a new startup needs a repeat or later events.
@@ -109,6 +116,8 @@ class StartupSegmenter:
         return ev.kind in _ONCE_PER_WORKER and (ev.rank or "", ev.kind) in self._seen
 
     def _update(self, ev: LogEvent) -> None:
+        if ev.kind == "engine_config":
+            self._banners.add(_process_name(ev))
         if ev.kind in _LAUNCH_KINDS:
             self._launch_fmts.add(ev.fmt)
         else:
@@ -127,6 +136,11 @@ class StartupSegmenter:
 
     def result(self) -> List[Startup]:
         return [Startup(tuple(evs), closed) for evs, closed in zip(self.startups, self._closed)]
+
+
+def _process_name(ev: LogEvent) -> str:
+    """The printing process without its PID (``EngineCore_DP1``): a restart prints the same name."""
+    return (ev.rank or "").split(" pid=")[0].split(",")[0].strip()
 
 
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
