@@ -176,7 +176,8 @@ H200_RESERVED = 644939776
 
 # Stands in for `vllm serve` (V1): forks the engine core `VLLM::EngineCore`, which forks one
 # `VLLM::Worker_TPn` per rank (tp>1) or holds the GPU itself (tp=1), as 0.10.2+ does. V0
-# (FAKE_VLLM_ERA=v0): the server holds GPU 0 itself and forks (same command line) the other ranks.
+# (FAKE_VLLM_ERA=v0): the server holds GPU 0 itself (V0 with --disable-frontend-multiprocessing, or
+# before 0.6.0) and forks (same command line) the other ranks.
 # Once the workers exist it prints the startup log with their real PIDs, then serves /metrics.
 VLLM_SERVER = textwrap.dedent('''
     """Stands in for `vllm serve MODEL`: engine core, workers, a startup log with live PIDs, /metrics."""

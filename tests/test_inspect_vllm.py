@@ -69,6 +69,16 @@ def test_vllm_command_lines(argv, role, extra):
         assert engines.classify(argv)[0] == "vllm"
 
 
+@pytest.mark.parametrize("argv,want", [
+    (["--device-memory-utilization", "0.8"], {"gpu_memory_utilization": 0.8}),  # the 0.31+ alias
+    (["--gpu-memory", "0.85"], {"gpu_memory_utilization": 0.85}),  # argparse abbreviation
+    (["--kv-cache-memory=4805904446"], {"kv_cache_memory_bytes": 4805904446}),  # as vLLM's own advice spells it
+    (["--max", "5"], {"max": 5}),  # ambiguous: kept as given
+])
+def test_vllm_flag_aliases_and_abbreviations(argv, want):
+    assert vllm_processes.parse_flags(argv) == want
+
+
 def test_vllm_flags_like_its_argparse():
     assert vllm_processes.parse_flags(["meta-llama/L", "-tp", "4", "--gpu_memory_utilization=0.85", "--port", "8001",
                                        "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "32768"]) \

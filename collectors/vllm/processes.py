@@ -16,8 +16,9 @@ Process titles (setproctitle, prefix ``VLLM``; read in the release wheels):
   ``python -c "from multiprocessing.spawn import spawn_main; …" --multiprocessing-fork`` (spawn); Ray
   actors show ``ray::RayWorkerWrapper…``. They are told apart by their parent chain (engines.py).
 
-With TP=1 (V1) the engine core holds the GPU; with TP>1 each worker holds one; in V0 the API
-server itself holds GPU 0 (its driver worker) and its children the others.
+With TP=1 (V1) the engine core holds the GPU; with TP>1 each worker holds one. In V0 the driver
+worker (rank 0) runs in the engine process: from 0.6.0 an untitled child the OpenAI server spawns
+(api_server.py, frontend multiprocessing), or the server itself with --disable-frontend-multiprocessing.
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ _SWITCHES = ("enforce_eager", "trust_remote_code", "headless", "enable_expert_pa
              "skip_tokenizer_init", "disable_log_requests", "disable_log_stats")
 
 
+# Long options kvforensics reads, for argparse's unique-prefix rule (vLLM's parser keeps allow_abbrev:
+# a running server's abbreviation was unique among all its options, so one of these it starts is the
+# one it meant), and the aliases (0.31+ arg_utils.py: --device-memory-utilization).
+_KNOWN = ("gpu-memory-utilization", "kv-cache-memory-bytes", "tensor-parallel-size", "pipeline-parallel-size",
+          "data-parallel-size", "max-model-len", "max-num-seqs", "kv-cache-dtype", "block-size",
+          "num-gpu-blocks-override", "cpu-offload-gb", "swap-space", "enforce-eager", "quantization", "dtype",
+          "port", "host", "model", "api-key")
+_ALIASES = {"device-memory-utilization": "gpu-memory-utilization"}
+
+
 def _resolve(option: str) -> Optional[str]:
     """The destination of an option: FlexibleArgumentParser reads ``--a_b`` as ``--a-b``."""
     if option in _SHORT:
@@ -51,6 +62,11 @@ def _resolve(option: str) -> Optional[str]:
     name = option[2:].replace("_", "-")
     if name.startswith("no-"):  # BooleanOptionalAction: --no-enable-prefix-caching
         name = name[3:]
+    name = _ALIASES.get(name, name)
+    if name not in _KNOWN:
+        prefixed = [k for k in _KNOWN + tuple(_ALIASES) if k.startswith(name)]
+        if len({_ALIASES.get(k, k) for k in prefixed}) == 1:
+            name = _ALIASES.get(prefixed[0], prefixed[0])
     return name.replace("-", "_")
 
 
