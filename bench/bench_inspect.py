@@ -30,7 +30,7 @@ def main() -> int:
                                          "never"], RUNS)
         assert rc == 0, "inspect failed"
         ps_t, _, _ = best(["ps", "-e", "-o", "pid,args"], RUNS)
-    with FakeVllmNode(Path(tempfile.mkdtemp(prefix="kvf-bench-vllm-")), tp=2, port=18555) as node:
+    with FakeVllmNode(Path(tempfile.mkdtemp(prefix="kvf-bench-vllm-")), tp=2) as node:
         os.environ["FAKE_NVML_SCENARIO"] = str(node.scenario)
         vllm_t, vllm_rss, rc = best(kvf + ["inspect", "--json", "--nvml-lib", str(lib), "--no-http", "--fail-on",
                                            "never"], RUNS)

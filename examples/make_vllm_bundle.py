@@ -26,7 +26,7 @@ HOST = {"total_bytes": 2015 * GIB, "available_bytes": 1790 * GIB, "swap_total_by
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kvf-vllm-"))
-    return write_bundle(FakeVllmNode(work, tp=2, foreign={1: 2 * GIB}), "vllm-node.json",
+    return write_bundle(FakeVllmNode(work, tp=2, foreign={1: 2 * GIB}, port=8000), "vllm-node.json",
                         [(str(work / "server.log"), "/var/log/vllm/llama-70b.log")], "gpu-node-12", HOST, "vllm", 997)
 
 

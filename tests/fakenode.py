@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -181,7 +182,7 @@ H200_RESERVED = 644939776
 # Once the workers exist it prints the startup log with their real PIDs, then serves /metrics.
 VLLM_SERVER = textwrap.dedent('''
     """Stands in for `vllm serve MODEL`: engine core, workers, a startup log with live PIDs, /metrics."""
-    import http.server, json, os, subprocess, sys, time
+    import http.server, json, os, socket, subprocess, sys, time
     tp, port = 1, 8000
     for i, a in enumerate(sys.argv):
         if a in ("-tp", "--tensor-parallel-size") and i + 1 < len(sys.argv):
@@ -233,15 +234,22 @@ VLLM_SERVER = textwrap.dedent('''
         def log_message(self, *args):
             pass
 
-    http.server.ThreadingHTTPServer(("127.0.0.1", port), Metrics).serve_forever()
+    listen_fd = os.environ.get("FAKE_VLLM_LISTEN_FD")
+    if listen_fd:  # the test bound and listens already: no window in which another process takes the port
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Metrics, bind_and_activate=False)
+        server.socket = socket.socket(fileno=int(listen_fd))
+    else:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Metrics)
+    server.serve_forever()
 ''')
 
 
 class FakeVllmNode(FakeNode):
     """A fake vLLM node: ``era`` "v1" (engine core + TP workers, 0.27 log) or "v0" (the server holds
-    GPU 0 and forks the other ranks, a real V0 log). GPUs are H200s as a real one reported them."""
+    GPU 0 and forks the other ranks, a real V0 log). GPUs are H200s as a real one reported them.
+    ``port`` 0 (the default): a free loopback port, bound here and handed to the server."""
 
-    def __init__(self, workdir: Path, tp: int = 2, era: str = "v1", port: int = 8000,
+    def __init__(self, workdir: Path, tp: int = 2, era: str = "v1", port: int = 0,
                  free_bytes: Optional[List[int]] = None, foreign: Optional[Dict[int, int]] = None,
                  metrics_text: Optional[str] = None, log_template: Optional[Path] = None,
                  extra_flags: Optional[List[str]] = None, total: int = H200_TOTAL,
@@ -270,14 +278,24 @@ class FakeVllmNode(FakeNode):
         if self.metrics_text is not None:
             (self.dir / "metrics.txt").write_text(self.metrics_text)
             env["FAKE_VLLM_METRICS"] = str(self.dir / "metrics.txt")
+        listener = None
+        if self.port == 0:  # pick a free loopback port and hand the listening socket to the server
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(16)
+            self.port = listener.getsockname()[1]
+            env["FAKE_VLLM_LISTEN_FD"] = str(listener.fileno())
         out = open(self.log, "w")
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                 "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", str(self.tp),
                 "--gpu-memory-utilization", str(self.utilization), "--api-key", "sk-do-not-print", "--port",
                 str(self.port)]
         server = subprocess.Popen(argv + self.extra_flags, stdout=out, stderr=subprocess.STDOUT, cwd=str(self.dir),
-                                  env=env, start_new_session=True)
+                                  env=env, start_new_session=True,
+                                  pass_fds=(listener.fileno(),) if listener is not None else ())
         out.close()
+        if listener is not None:
+            listener.close()  # the server holds its copy
         self.procs.append(server)
         self.server_pid = server.pid
         pids_file = self.dir / "pids.json"

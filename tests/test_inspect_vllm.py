@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 
 import pytest
 
@@ -26,12 +25,6 @@ METRICS = (ROOT / "tests" / "fixtures" / "vllm_metrics" / "v0.11.0_v1_dp2.prom")
 @pytest.fixture(scope="session")
 def fake_lib():
     return build_fake_nvml()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _inspect(*extra):
@@ -94,9 +87,9 @@ def _room(node: FakeVllmNode, u: float, others: int = 0, graphs_outside: int = 0
 
 
 def test_v1_tp2_workers_placed_by_their_log_pids(tmp_path, fake_lib, monkeypatch):
-    port = _port()
-    with FakeVllmNode(tmp_path, tp=2, port=port, foreign={1: 2 * GIB}, metrics_text=METRICS.read_text()) as n:
+    with FakeVllmNode(tmp_path, tp=2, foreign={1: 2 * GIB}, metrics_text=METRICS.read_text()) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        port = n.port
         t = _inspect()
         code, text, err = run_cli(["inspect", "--nvml-lib", str(FAKE_LIB)])
         pids = dict(n.pids)
@@ -143,7 +136,7 @@ def test_v1_tp1_engine_core_holds_the_gpu_and_matches_the_logs_name(tmp_path, fa
         "[gpu_worker.py:410] Available KV cache memory: 105.3 GiB",
         "[kv_cache_utils.py:1291] GPU KV cache size: 862,592 tokens",
         "[core.py:250] init engine (profile, create kv cache, warmup model) took 43.20 seconds"))) + "\n")
-    with FakeVllmNode(tmp_path / "n", tp=1, port=_port(), log_template=log) as n:
+    with FakeVllmNode(tmp_path / "n", tp=1, log_template=log) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
         t = _inspect()
         core = n.pids["core"]
@@ -162,7 +155,7 @@ def test_v1_tp1_engine_core_holds_the_gpu_and_matches_the_logs_name(tmp_path, fa
 def test_below_the_margin_the_budget_is_lowered(tmp_path, fake_lib, monkeypatch):
     """1 GiB free on each GPU (the workers grew past their budget: NCCL, fragments): below the 2 GiB
     margin, so u goes down by the shortfall, rounded down to 0.01."""
-    with FakeVllmNode(tmp_path, tp=2, port=_port(), free_bytes=[GIB, GIB]) as n:
+    with FakeVllmNode(tmp_path, tp=2, free_bytes=[GIB, GIB]) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
         t = _inspect()
     f = _codes(t)
@@ -180,7 +173,7 @@ V0_RESERVED = V0_TOTAL - round(79.19 * GIB)
 def test_v0_the_server_runs_the_driver_and_forked_ranks_are_workers(tmp_path, fake_lib, monkeypatch):
     """V0: the API server process holds GPU 0 (its lines carry no prefix); a forked rank keeps the
     server's command line and is its worker, not a second server."""
-    with FakeVllmNode(tmp_path, tp=2, era="v0", port=_port(), total=V0_TOTAL, reserved=V0_RESERVED,
+    with FakeVllmNode(tmp_path, tp=2, era="v0", total=V0_TOTAL, reserved=V0_RESERVED,
                       free_bytes=[15 * GIB, 15 * GIB], utilization=0.8) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
         t = _inspect()
@@ -199,10 +192,10 @@ def test_v0_the_server_runs_the_driver_and_forked_ranks_are_workers(tmp_path, fa
 
 
 def test_a_node_running_both_engines_explains_each(tmp_path, fake_lib, monkeypatch):
-    port = _port()
     sg = FakeNode(tmp_path / "sglang", tp=2, extra_flags=["--port", "30001"])
-    vl = FakeVllmNode(tmp_path / "vllm", tp=2, port=port)
+    vl = FakeVllmNode(tmp_path / "vllm", tp=2)
     with sg, vl:
+        port = vl.port
         lines = ["driver 580.159.04"]
         for gpu, (pid, used) in enumerate([(sg.scheduler_pids[0], 80 * GIB), (sg.scheduler_pids[1], 80 * GIB),
                                            (vl.scheduler_pids[0], 70 * GIB), (vl.scheduler_pids[1], 70 * GIB)]):
@@ -225,10 +218,10 @@ def test_a_node_running_both_engines_explains_each(tmp_path, fake_lib, monkeypat
 
 
 def test_record_labels_the_vllm_engine_by_port(tmp_path, fake_lib, monkeypatch):
-    port = _port()
     db, prom = tmp_path / "h.db", tmp_path / "kvf.prom"
-    with FakeVllmNode(tmp_path / "n", tp=2, port=port, metrics_text=METRICS.read_text()) as n:
+    with FakeVllmNode(tmp_path / "n", tp=2, metrics_text=METRICS.read_text()) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        port = n.port
         code, out, err = run_cli(["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--samples", "2",
                                   "--interval", "0", "--prom-file", str(prom)])
     assert code == 0, err
@@ -350,7 +343,7 @@ def test_process_tree_shapes(tmp_path, procs, want):
 
 def test_the_running_servers_fraction_beats_an_older_logs(tmp_path, fake_lib, monkeypatch):
     """The server runs with u 0.95; the log (the 0.27 template) is from a run at 0.9."""
-    with FakeVllmNode(tmp_path, tp=2, port=_port(), utilization=0.95, free_bytes=[10 * GIB] * 2) as n:
+    with FakeVllmNode(tmp_path, tp=2, utilization=0.95, free_bytes=[10 * GIB] * 2) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
         t = _inspect()
     room = _room(n, 0.95)
@@ -362,7 +355,7 @@ def test_the_running_servers_fraction_beats_an_older_logs(tmp_path, fake_lib, mo
 def test_a_fixed_kv_cache_size_leaves_no_fraction_to_raise(tmp_path, fake_lib, monkeypatch):
     """--kv-cache-memory-bytes sizes the KV cache directly: --gpu-memory-utilization does nothing, so no
     by-design room and no raise of it."""
-    with FakeVllmNode(tmp_path, tp=2, port=_port(), extra_flags=["--kv-cache-memory-bytes", "58196806861"]) as n:
+    with FakeVllmNode(tmp_path, tp=2, extra_flags=["--kv-cache-memory-bytes", "58196806861"]) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
         t = _inspect()
     assert "unused_gpu_memory" not in _codes(t)
