@@ -91,8 +91,8 @@ def render(analyses: Sequence[Analysis]) -> str:
 
 
 def _startup(a: Analysis) -> List[str]:
-    if terminal.is_vllm(a):
-        return _plain(lambda c: terminal.startup(c, a))
+    if terminal.is_vllm(a):  # a header line (kept: _plain drops a section's first line), then the table
+        return _plain(lambda c: (c.print(""), terminal.startup(c, a)))
     lines: List[str] = []
     buf, c = terminal.console(False, 10**4)
     terminal.header(c, a)

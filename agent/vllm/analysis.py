@@ -582,7 +582,7 @@ def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era)
                              4 * PRINT_TOLERANCE_BYTES, (where(ev),)))
         elif ev.kind == "suggestion" and d.get("consumed_bytes") is not None and d.get("activation_bytes") is not None:
             pred = d["requested_bytes"] - d["consumed_bytes"] - d["activation_bytes"]
-            out.append(Check(rank, "requested − consumed (weights + non-torch) − peak activation (incl. the CUDA graph "
+            out.append(Check(rank, "requested − consumed (weights + non-torch) − peak activation (with the CUDA graph "
                              "estimate) (vLLM 0.27+ gpu_worker.py determine_available_memory)", pred,
                              d.get("available_kv_bytes"), 4 * PRINT_TOLERANCE_BYTES, (where(ev),)))
     return out
