@@ -233,7 +233,13 @@ def gpu_lost(ctx: "Context") -> Iterator[Finding]:
 
 
 def engine_not_found(ctx: "Context") -> Iterator[Finding]:
-    if ctx.live is not None and ctx.live.engine is None:
+    if ctx.live is not None and ctx.live.engine is None and ctx.live.snapshot.engines:
+        ports = sorted({e.port for e in ctx.live.snapshot.engines if e.server is not None})
+        yield Finding("engine_not_found", "warning", "No server on the port asked for (--engine)",
+                      "This node runs {} server(s), on port(s) {}: pass one of them to --engine.".format(
+                          len(ports), ", ".join(map(str, ports)) or "none visible"), None, ("/proc/*/cmdline",),
+                      action="pass --engine {}".format(ports[0]) if ports else "")
+    elif ctx.live is not None and ctx.live.engine is None:
         yield Finding("engine_not_found", "info", "No SGLang or vLLM server on this node",
                       "Looked for `sglang.launch_server`, `sglang serve`, `sglang::scheduler*`, `vllm serve`, "
                       "`vllm.entrypoints.openai.api_server` and `VLLM::*` command lines in /proc.", None,
@@ -452,7 +458,11 @@ def foreign_gpu_process(ctx: "Context") -> Iterator[Finding]:
                 continue
             on_engine = g.index in engine_gpus
             cost = ""
-            if on_engine and engine_kind(ctx) == "vllm":
+            fixed = on_engine and getattr(ctx.analysis, "fixed_kv_size", lambda flags: False)(live_settings(insp))
+            if fixed:
+                cost = (" vLLM's KV cache is fixed by --kv-cache-memory-bytes: this process must fit beside it, or "
+                        "the next start runs out of memory.")
+            elif on_engine and engine_kind(ctx) == "vllm":
                 cost = (" vLLM's budget is a share of the GPU's total (--gpu-memory-utilization × total), not of the "
                         "free memory: this process must fit beside it, and on a restart vLLM ≥ 0.9.1 refuses to "
                         "start while free memory is below that share (older releases shrink the KV cache or "

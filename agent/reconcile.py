@@ -131,8 +131,11 @@ def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any]
         extra.append(Problem("engine_log.other_engine", "the startup log is {}'s but the server is {}'s: the "
                              "log is not used".format(analysis.engine, engine.kind)))
         analysis = None
-    gpu_pids = {p.pid for g in snap.nvml.gpus for p in g.processes}
-    placed = _PLACE[engine.kind](engine, analysis, gpu_pids) if engine else {}
+    gpu_of: Dict[int, int] = {}
+    for g in snap.nvml.gpus:
+        for p in g.processes:
+            gpu_of.setdefault(p.pid, g.index)
+    placed = _PLACE[engine.kind](engine, analysis, gpu_of) if engine else {}
     gpus = [_gpu_ledger(g, snap.processes, placed, engine_pids, other_pids) for g in snap.nvml.gpus]
     problems = list(snap.problems) + extra + [p for g in gpus for p in g.problems]
     nothing = (snap.nvml.status in ("absent", "failed", None) and snap.host_memory.status in ("failed", None)

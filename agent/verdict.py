@@ -6,7 +6,7 @@ and chooses, in this order:
 
 * the cause: the startup's headline (failed, or a fragment), else what breaks the node (a
   critical or error finding: a lost GPU, leaked memory), else the explanation of the KV size
-  (``mem_fraction_semantics``), else the most severe finding;
+  (``mem_fraction_semantics``; vLLM's ``gpu_memory_utilization_semantics``), else the most severe finding;
 * the action: what the cause says to do first (a finding's ``action``: reset a lost GPU, paste
   the whole startup), else the first recommendation (recommenders are ordered best first: a
   failed startup's fix, a raise into unused memory, …), else nothing worth a restart.
@@ -22,7 +22,7 @@ from agent.records import Finding, Recommendation, Verdict, severity_rank
 from collectors.units import GIB, gib
 
 HEADLINES = ("startup_failed", "incomplete_startup")
-KV_EXPLANATION = "mem_fraction_semantics"
+KV_EXPLANATIONS = ("mem_fraction_semantics", "gpu_memory_utilization_semantics")
 NO_ACTION = "none: no flag change gains enough to be worth a restart"
 NO_ENGINE_ACTION = "none: without the engine's startup log there is no flag to size"
 
@@ -65,7 +65,7 @@ def key_finding(findings: Sequence[Finding]) -> Optional[Finding]:
     worst = max(findings, key=lambda f: severity_rank(f.severity))
     if severity_rank(worst.severity) >= severity_rank("error"):
         return worst
-    explained = next((f for f in findings if f.code == KV_EXPLANATION), None)
+    explained = next((f for f in findings if f.code in KV_EXPLANATIONS), None)
     return explained or worst
 
 

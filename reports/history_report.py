@@ -79,8 +79,12 @@ def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Opt
         say(c, _basis(r), indent=2)
         if r.kv_tokens:
             usage = "—" if r.peak_token_usage is None else "{:.0%}".format(r.peak_token_usage)
-            peak = ("peak {:,} tokens in use ({})".format(r.peak_used_tokens, usage)
-                    if r.peak_used_tokens is not None else "no /metrics samples")
+            if r.peak_used_tokens is not None:
+                peak = "peak {:,} tokens in use ({})".format(r.peak_used_tokens, usage)
+            elif r.peak_token_usage is not None:  # vLLM reports its cache usage as a share, not tokens
+                peak = "peak KV cache usage {}".format(usage)
+            else:
+                peak = "no /metrics samples"
             say(c, "KV pool {:,} tokens; {}".format(r.kv_tokens, peak), indent=2)
         _low_water_table(c, r, plots)
     return text_of(buf)

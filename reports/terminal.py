@@ -150,14 +150,17 @@ class Segment:
 def _cells(segments: Sequence[Tuple[str, int, str, str]], total: int, width: int) -> List[Segment]:
     """(label, bytes, colour, glyph) -> segments across ``width`` cells for ``total`` bytes, by
     largest remainder, so items that sum to the total fill the bar exactly."""
-    exact = [max(0, value) / total * width for _, value, _, _ in segments]
+    values = [max(0, value) for _, value, _, _ in segments]
+    if sum(values) > 2 * max(total, 1):  # a forged total far below its items: share the bar by their sum
+        total = sum(values)
+    exact = [value / max(total, 1) * width for value in values]
     target = min(width, int(round(sum(exact))))
     cells = [int(x) for x in exact]
     by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - cells[i], reverse=True)
     for i in by_remainder[:max(0, target - sum(cells))]:
         cells[i] += 1
     while sum(cells) > width:  # items that overstate the total (a log's rounding): trim the largest
-        cells[cells.index(max(cells))] -= 1
+        cells[cells.index(max(cells))] -= 1  # at most ``width`` passes: the items are below twice the total
     return [Segment(label, n, colour, glyph) for (label, _, colour, glyph), n in zip(segments, cells) if n > 0]
 
 

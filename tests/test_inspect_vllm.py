@@ -237,6 +237,8 @@ def test_record_labels_the_vllm_engine_by_port(tmp_path, fake_lib, monkeypatch):
     run = json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]
     assert run["engine"] == "vllm-{}".format(port) and run["run_key"].startswith("vllm:")
     assert run["peak_token_usage"] is not None and run["model"] == "meta-llama/Llama-3.1-70B-Instruct"
+    text = run_cli(["history", "--db", str(db)])[1]
+    assert "peak KV cache usage 62%" in text and "no /metrics samples" not in text  # vLLM reports a share
 
 
 def test_the_vllm_example_bundle(tmp_path):
@@ -403,9 +405,14 @@ def test_v0_spawned_engine_process_runs_the_driver():
                                                                   available_kv_bytes=6 * GIB))
     analysis = Analysis.__new__(Analysis)
     object.__setattr__(analysis, "ranks", workers)
-    placed = place(engine, analysis, {101, 102})
+    placed = place(engine, analysis, {101: 0, 102: 1})
     assert placed[101][0] == "driver" and placed[101][1][0].bytes == 5 * GIB
     assert placed[102][0] == "VllmWorkerProcess" and placed[102][1][0].bytes == 6 * GIB
+    # TP=3: two workers print the same name; the label adds the GPU (stable across restarts), never the PID
+    engine = Engine(proc(100), ((proc(101), ""), (proc(102), ""), (proc(103), "")), (), {}, 8000, {}, "vllm")
+    object.__setattr__(analysis, "ranks", workers + (Worker(rank="VllmWorkerProcess pid=103"),))
+    placed = place(engine, analysis, {101: 0, 102: 1, 103: 2})
+    assert [placed[p][0] for p in (101, 102, 103)] == ["driver", "VllmWorkerProcess GPU1", "VllmWorkerProcess GPU2"]
 
 
 def test_a_data_parallel_launch_is_one_startup():
@@ -460,3 +467,43 @@ def test_in_v1_before_0_9_1_other_processes_are_inside_the_budget():
     assert a.era.name == "V1-a"
     ceiling, how, others_inside = a.process_ceiling(80 * GIB, {"gpu_memory_utilization": 0.9})
     assert (ceiling, others_inside) == (int(80 * GIB * 0.9), True) and "inside it in this era" in how
+
+
+def test_the_second_review(tmp_path):
+    """What a second review found, on the example bundle: a human-readable --kv-cache-memory-bytes also
+    fixes the KV size; the verdict explains the KV size by the fraction's meaning, not by a process
+    beside it; a forged tiny GPU total does not hang the terminal bars."""
+    def kv_bytes(doc):
+        doc["engines"]["engines"][0]["server_args"]["kv_cache_memory_bytes"] = "50G"
+    t = _bundle(tmp_path, kv_bytes)
+    assert "unused_gpu_memory" not in _codes(t) and not t["recommendations"]
+    assert "fixed by --kv-cache-memory-bytes" in _codes(t)["foreign_gpu_process"]["detail"]
+    assert t["verdict"]["cause_finding"] == "gpu_memory_utilization_semantics"
+
+    def tiny(doc):
+        doc["nvml"]["gpus"][0]["total_bytes"] = 1
+    path = tmp_path / "tiny.json"
+    doc = json.loads((ROOT / "examples" / "vllm-node.json").read_text())
+    tiny(doc)
+    path.write_text(json.dumps(doc))
+    code, out, err = run_cli(["inspect", "--from", str(path)])
+    assert code in (0, 1) and "GPU 0" in out, err
+
+
+def test_a_v0_banner_is_read():
+    """0.7.3–0.9.x print 'Initializing a V0 LLM engine (v0.8.5)' beside V1's banner."""
+    from collectors.vllm.log import parse_line
+
+    (ev,) = [e for e in parse_line("INFO 05-01 10:00:00 [llm_engine.py:240] Initializing a V0 LLM engine (v0.8.5) "
+                                   "with config: model='m', max_seq_len=4096, tensor_parallel_size=2")
+             if e.kind == "engine_config"]
+    assert ev.data["version"] == "0.8.5" and ev.data["v1"] is False and ev.data["tensor_parallel_size"] == 2
+
+
+def test_a_port_that_runs_no_server_is_said_so(tmp_path, fake_lib, monkeypatch):
+    with FakeVllmNode(tmp_path, tp=2) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        t = _inspect("--engine", "1")
+        port = n.port
+    f = _codes(t)["engine_not_found"]
+    assert f["severity"] == "warning" and str(port) in f["detail"] and "pass --engine" in t["verdict"]["action"]

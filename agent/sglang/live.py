@@ -6,7 +6,7 @@ log's per-rank ledger (``agent/sglang/ledger.py``) gives the items NVML's figure
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from agent.evidence import Engine
 from agent.live import ItemKind, LedgerItem
@@ -35,6 +35,8 @@ def logged_items(led: Optional[RankLedger]) -> List[LedgerItem]:
     return [x for x in logged if x.bytes]
 
 
-def place(engine: Engine, analysis: Optional[Analysis], gpu_pids: Set[int]) -> Dict[int, Tuple[str, List[LedgerItem]]]:
-    """PID → (rank, the log's items for that rank) for every scheduler process."""
+def place(engine: Engine, analysis: Optional[Analysis],
+          gpu_of: Dict[int, int]) -> Dict[int, Tuple[str, List[LedgerItem]]]:
+    """PID → (rank, the log's items for that rank) for every scheduler process (its title names the rank;
+    ``gpu_of``, PID → GPU index, is what other engines need)."""
     return {p.pid: (rank, logged_items(_rank_ledger(analysis, rank))) for p, rank in engine.workers}

@@ -224,11 +224,17 @@ class Analysis:
             return 0.9
         return None
 
+    def fixed_kv_size(self, flags: Dict[str, Any]) -> bool:
+        """--kv-cache-memory-bytes sets the KV cache directly (any form: vLLM reads "50G" and "8Gi" too,
+        arg_utils human_readable_int); then u sizes nothing."""
+        return any(source.get("kv_cache_memory_bytes") not in (None, "", "None", False)
+                   for source in (flags, self.server_args))
+
     def fraction(self, flags: Dict[str, Any]) -> Optional[Tuple[float, str]]:
         """(--gpu-memory-utilization, where it comes from): the running server's (its command line, or
         its /metrics cache_config), else the log's, else the era's default; None when none of these says,
         or when --kv-cache-memory-bytes fixes the KV cache instead (then u sizes nothing)."""
-        if _given(flags, "kv_cache_memory_bytes") is not None or _given(self.server_args, "kv_cache_memory_bytes"):
+        if self.fixed_kv_size(flags):
             return None
         given = _given(flags, "gpu_memory_utilization")
         if given is not None:

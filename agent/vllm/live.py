@@ -11,7 +11,7 @@ keeps its title (``Worker_TP1``) or ``pid N`` and gets no logged items: NVML's f
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from agent.evidence import Engine
 from agent.live import ItemKind, LedgerItem
@@ -56,7 +56,8 @@ def _engine_core(title: str, workers: Tuple[Worker, ...]) -> Optional[Worker]:
     return cores[0] if len(cores) == 1 else None
 
 
-def place(engine: Engine, analysis: Optional[Analysis], gpu_pids: Set[int]) -> Dict[int, Tuple[str, List[LedgerItem]]]:
+def place(engine: Engine, analysis: Optional[Analysis],
+          gpu_of: Dict[int, int]) -> Dict[int, Tuple[str, List[LedgerItem]]]:
     """PID → (worker label, the log's items for it) for every engine process that holds a GPU."""
     workers = analysis.ranks if analysis is not None else ()
     by_pid = _by_pid(workers)
@@ -64,31 +65,31 @@ def place(engine: Engine, analysis: Optional[Analysis], gpu_pids: Set[int]) -> D
     bare = next((w for w in workers if not w.rank), None)
     names = [_name(w.rank) for w in workers]
 
-    def label(w: Optional[Worker], fallback: str) -> str:
+    def label(w: Optional[Worker], fallback: str, pid: int) -> str:
         """A rank label that survives a restart (metrics key on it): the log's process name without
-        its PID when the name is unique (``Worker_TP0``), else the whole prefix (V0's workers all
-        print ``VllmWorkerProcess``)."""
+        its PID when the name is unique (``Worker_TP0``), else the name and the GPU (V0's workers all
+        print ``VllmWorkerProcess``: ``VllmWorkerProcess GPU2``)."""
         if w is None or not w.rank:
             return fallback
         name = _name(w.rank)
-        return name if names.count(name) == 1 else w.rank
+        return name if names.count(name) == 1 else "{} GPU{}".format(name, gpu_of.get(pid, "?"))
 
     out: Dict[int, Tuple[str, List[LedgerItem]]] = {}
     unmatched: List[int] = []
     for proc, title in engine.workers:
-        if proc.pid not in gpu_pids:
+        if proc.pid not in gpu_of:
             continue
         w = by_pid.get(proc.pid) or (by_name.get(title) if title else None) or _engine_core(title, workers)
-        out[proc.pid] = (label(w, title or "pid {}".format(proc.pid)), logged_items(w))
+        out[proc.pid] = (label(w, title or "pid {}".format(proc.pid), proc.pid), logged_items(w))
         if w is None and not title:
             unmatched.append(proc.pid)
     server = engine.server
     titled = any(title for _, title in engine.workers)
-    if server is not None and server.pid in gpu_pids and not titled:
+    if server is not None and server.pid in gpu_of and not titled:
         # V0 run with --disable-frontend-multiprocessing (or before 0.6.0): the server process runs
         # the driver worker (rank 0) on its own GPU.
         w = by_pid.get(server.pid) or bare
-        out[server.pid] = (label(w, DRIVER), logged_items(w))
+        out[server.pid] = (label(w, DRIVER, server.pid), logged_items(w))
     elif bare is not None and len(unmatched) == 1:
         # V0 from 0.6.0: the OpenAI server spawns the engine (api_server.py build_async_engine_client_from_
         # engine_args, multiprocessing "spawn"), an untitled child that runs the driver; its lines carry no

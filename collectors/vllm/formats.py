@@ -212,11 +212,13 @@ _ARG_UTIL = re.compile(r"(?:--gpu-memory-utilization[= ]|'gpu_memory_utilization
 _ARG_LEN = re.compile(r"(?:--max-model-len[= ]|'max_model_len': )(\d+)")
 _ARG_DTYPE = re.compile(r"(?:--kv-cache-dtype[= ]|'kv_cache_dtype': ')([\w.]+)")
 _ARG_TP = re.compile(r"(?:(?:--tensor-parallel-size|-tp)[= ]|'tensor_parallel_size': )(\d{1,4})\b")
+_ARG_KV_BYTES = re.compile(r"(?:--kv-cache-memory(?:-bytes)?[= ]|'kv_cache_memory_bytes': )'?([\w.]{1,24})")
 
 
 def _args(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
     data = {"gpu_memory_utilization": _fraction(_find(_ARG_UTIL, msg)), "max_model_len": count(_find(_ARG_LEN, msg)),
-            "kv_cache_dtype": _find(_ARG_DTYPE, msg), "tensor_parallel_size": count(_find(_ARG_TP, msg))}
+            "kv_cache_dtype": _find(_ARG_DTYPE, msg), "tensor_parallel_size": count(_find(_ARG_TP, msg)),
+            "kv_cache_memory_bytes": _find(_ARG_KV_BYTES, msg)}  # kept as printed: "50G" is valid too
     return {"args": {k: v for k, v in data.items() if v is not None}}
 
 
@@ -312,7 +314,7 @@ FORMATS = (
     _row("api_server", "serving", "Starting vLLM API server", r"^Starting vLLM API server", _empty),
     _row("stat_logger", "serving", "Avg prompt throughput:", r"^(?:Engine \d+: )?Avg prompt throughput:", _empty),
     _row("engine_config", "engine_config", "LLM engine (v",
-         r"^Initializing an? (?P<v1>V1 )?LLM engine \(v(?P<v>[\w.+-]+)\) with config", _engine_config),
+         r"^Initializing an? (?:V0 |(?P<v1>V1 ))?LLM engine \(v(?P<v>[\w.+-]+)\) with config", _engine_config),
     _row("non_default_args", "args", "non-default args:", r"^non-default args: \{", _args,
          always("0.10.0", None, "'non-default args:'")),
     _row("cli", "args", "vllm serve", r"vllm serve ", _args, anywhere=True),
