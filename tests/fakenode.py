@@ -117,12 +117,16 @@ class FakeNode:
         if len(self.scheduler_pids) < self.tp:
             self.stop()
             raise RuntimeError("fake schedulers did not start")
+        self.start_foreign()
+        self.write_scenario()
+
+    def start_foreign(self) -> None:
+        """A process that is not the engine's (a training job) on each GPU of ``foreign``."""
         for gpu in self.foreign:
             p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "train.py", "--gpu", str(gpu)],
                                  stdout=subprocess.DEVNULL)
             self.procs.append(p)
             self.foreign_pids[gpu] = p.pid
-        self.write_scenario()
 
     def _children(self, ppid: int) -> Dict[int, int]:
         found = {}
@@ -316,11 +320,7 @@ class FakeVllmNode(FakeNode):
         else:
             holders = [self.pids["core"]]
         self.scheduler_pids = dict(enumerate(holders))
-        for gpu in self.foreign:
-            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "train.py", "--gpu", str(gpu)],
-                                 stdout=subprocess.DEVNULL)
-            self.procs.append(p)
-            self.foreign_pids[gpu] = p.pid
+        self.start_foreign()
         self.write_scenario()
 
     def write_scenario(self) -> None:

@@ -15,16 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agent.model_geometry import (
-    ELEM,
-    GeometryError,
-    KvGeometry,
-    head_dims,
-    need,
-    optional_dim,
-    resolve_dtype,
-    text_config,
-)
+from agent import model_geometry as mg
+from agent.model_geometry import GeometryError, KvGeometry
 
 _FP8_PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head")  # + fp32 scales: not modelled here
 
@@ -45,10 +37,10 @@ def _dtype(cfg: Dict[str, Any], kv_cache_dtype: Optional[str], reads_checkpoint_
     """What 'auto' stores: from 0.14 a checkpoint's FP8 KV setting (ModelOpt kv_cache_quant_algo;
     arg_utils resolve_kv_cache_dtype_string), before that the model's dtype (0.11 gpu_model_runner)."""
     auto = not isinstance(kv_cache_dtype, str) or kv_cache_dtype in ("", "auto")
-    with_checkpoint = resolve_dtype(kv_cache_dtype, cfg)
+    with_checkpoint = mg.resolve_dtype(kv_cache_dtype, cfg)
     if not auto or reads_checkpoint_kv:
         return with_checkpoint
-    without = resolve_dtype(kv_cache_dtype, cfg, checkpoint_kv=False)
+    without = mg.resolve_dtype(kv_cache_dtype, cfg, checkpoint_kv=False)
     if reads_checkpoint_kv is None and without != with_checkpoint:
         raise GeometryError("the checkpoint asks for an FP8 KV cache, which vLLM honours only from 0.14; the log "
                             "does not say which side of 0.14 this release is")
@@ -58,22 +50,22 @@ def _dtype(cfg: Dict[str, Any], kv_cache_dtype: Optional[str], reads_checkpoint_
 def geometry(cfg: Dict[str, Any], tp: int = 1, kv_cache_dtype: Optional[str] = None, pp: int = 1,
              reads_checkpoint_kv: Optional[bool] = True) -> KvGeometry:
     """``reads_checkpoint_kv``: the release is 0.14+ (True), older (False) or unknown (None)."""
-    lm = text_config(cfg)
+    lm = mg.text_config(cfg)
     dtype = _dtype(cfg, kv_cache_dtype, reads_checkpoint_kv)
-    if dtype not in ELEM or dtype in _FP8_PER_TOKEN_HEAD or ELEM[dtype] < 1:
+    if dtype not in mg.ELEM or dtype in _FP8_PER_TOKEN_HEAD or mg.ELEM[dtype] < 1:
         raise GeometryError("KV cache dtype '{}' is not modelled here (packed or per-head scales)".format(dtype))
     hybrid = _hybrid(lm)
     if hybrid is not None:
         raise GeometryError("a hybrid model ({}): vLLM pages each layer group apart".format(hybrid))
-    elem = ELEM[dtype]
-    layers = -(-need(lm, "num_hidden_layers") // max(1, pp))
+    elem = mg.ELEM[dtype]
+    layers = -(-mg.need(lm, "num_hidden_layers") // max(1, pp))
     if "kv_lora_rank" in lm:
-        latent = need(lm, "kv_lora_rank") + need(lm, "qk_rope_head_dim")
+        latent = mg.need(lm, "kv_lora_rank") + mg.need(lm, "qk_rope_head_dim")
         return KvGeometry("mla", layers, int(latent * layers * elem), dtype,
                           "({} + {}) × {} layers × {:g} B".format(lm["kv_lora_rank"], lm["qk_rope_head_dim"], layers,
                                                                   elem))
-    kv_heads, head_k, _ = head_dims(lm)
-    head_v = optional_dim(lm, "v_head_dim", head_k)
+    kv_heads, head_k, _ = mg.head_dims(lm)
+    head_v = mg.optional_dim(lm, "v_head_dim", head_k)
     per_rank = max(1, kv_heads // max(1, tp))
     return KvGeometry("mha", layers, int(per_rank * (head_k + head_v) * layers * elem), dtype,
                       "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(
