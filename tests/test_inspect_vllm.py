@@ -507,3 +507,15 @@ def test_a_port_that_runs_no_server_is_said_so(tmp_path, fake_lib, monkeypatch):
         port = n.port
     f = _codes(t)["engine_not_found"]
     assert f["severity"] == "warning" and str(port) in f["detail"] and "pass --engine" in t["verdict"]["action"]
+
+
+def test_release_clues_that_contradict_each_other_are_said_so(tmp_path):
+    """A v0.20.0 banner beside lines only 0.27+ prints: no era, a problem, no impossible range."""
+    text = (ROOT / "tests" / "fixtures" / "fake_vllm" / "v1-0.27-tp2.log").read_text().format(
+        server=1, core=2, tp0=3, tp1=4, port=8000).replace("LLM engine (v0.27.0)", "LLM engine (v0.20.0)")
+    log = tmp_path / "conflict.log"
+    log.write_text(text)
+    code, out, err = run_cli(["analyze", str(log), "--json"])
+    t = json.loads(out)["targets"][0]
+    assert t["engine"]["era"] is None and "conflicting clues" in t["engine"]["version_hint"]
+    assert any(p["code"] == "log.version_conflict" for p in t["problems"])

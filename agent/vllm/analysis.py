@@ -123,11 +123,19 @@ class Era:
     clues: Tuple[str, ...]
 
     @property
+    def conflicting(self) -> bool:
+        """The clues contradict each other (no release prints them all): two releases' lines in one
+        startup, or an edited log."""
+        return self.since is not None and self.until is not None and self.since > self.until
+
+    @property
     def hint(self) -> Optional[str]:
         if self.since is None and self.until is None:
             return self.family
         lo = ".".join(map(str, self.since)) if self.since else "?"
         hi = ".".join(map(str, self.until)) if self.until else "newest"
+        if self.conflicting:
+            return "{} (conflicting clues: {}+ and ≤ {})".format(self.family or "vLLM", lo, hi)
         return "{} {}–{}".format(self.family or "vLLM", lo, hi)
 
 
@@ -555,6 +563,10 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
                                 .format(STAGE_WORDS.get(stages[-1], "none") if stages else "none")))
     if not workers:
         problems.append(Problem("log.no_ranks", "no per-worker memory lines in this startup"))
+    if era.conflicting:
+        problems.append(Problem("log.version_conflict", "the log's release clues contradict each other ({}; "
+                                "engine.version_clues lists them): lines of two releases in one startup, or an "
+                                "edited log; the era is left open".format(era.hint)))
     return Analysis(
         target, "ok" if complete or died is not None else "partial", tuple(problems), era, args, index, count,
         startup.first_line, workers, tokens, reports, blocks_ev.data["gpu_blocks"] if blocks_ev else None,
