@@ -251,7 +251,8 @@ def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
     if insp is None or insp.engine is None or insp.analysis is not None:
         return
     log = insp.snapshot.engine_log
-    why = "; ".join(p.message for p in log.problems) or "no startup lines"
+    problems = list(log.problems) + [p for p in insp.problems if p.code == "engine_log.other_engine"]
+    why = "; ".join(p.message for p in problems) or "no startup lines"
     yield Finding("engine_log_missing", "warning", "The engine's startup log could not be read",
                   why + ". Live GPU numbers are shown, but not what the engine allocated; pass "
                   "--log PATH|journal:UNIT|docker:NAME.", None, (log.source or "engine_log",), proof=why,

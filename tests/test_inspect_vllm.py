@@ -388,6 +388,7 @@ def test_a_log_of_the_other_engine_is_set_aside(tmp_path):
             e["kind"] = "sglang"
     t = _bundle(tmp_path, mixed)
     assert any(p["code"] == "engine_log.other_engine" for p in t["problems"]) and t["engine"]["name"] == "sglang"
+    assert "the log is not used" in _codes(t)["engine_log_missing"]["detail"]  # why, not "no startup lines"
 
 
 def test_v0_spawned_engine_process_runs_the_driver():
