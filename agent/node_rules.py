@@ -147,7 +147,10 @@ def _within_ceiling(insp: Inspection, h: Optional[Headroom]) -> Optional[Headroo
         if got is None:
             return None
         ceiling, how, others_inside = got
-        others = 0 if others_inside else sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
+        # beside the worker: other processes, and the engine's own processes that are no worker (an API
+        # server's CUDA context): the worker's ceiling covers only itself
+        others = 0 if others_inside else sum(p.used_bytes or 0 for p in g.processes
+                                             if p.owner is not Owner.ENGINE or p.rank is None)
         room = g.total_bytes - g.reserved_bytes - ceiling - others
         if room < 0:
             return None  # the engine runs past what its own budget allows: the formula does not fit this node

@@ -520,3 +520,21 @@ def test_release_clues_that_contradict_each_other_are_said_so(tmp_path):
     t = json.loads(out)["targets"][0]
     assert t["engine"]["era"] is None and "conflicting clues" in t["engine"]["version_hint"]
     assert any(p["code"] == "log.version_conflict" for p in t["problems"])
+
+
+def test_an_api_servers_own_context_beside_the_worker_is_not_room(tmp_path):
+    """If the API server process holds a CUDA context on a worker's GPU, that memory is the engine's but
+    outside the worker's T·u: it comes off the by-design room too."""
+    ctx = 3 * GIB  # more than the 2 GiB job beside GPU 1, so GPU 0 binds
+
+    def api_context(doc):
+        server = doc["engines"]["engines"][0]["server"]["pid"]
+        gpu = doc["nvml"]["gpus"][0]
+        gpu["processes"].append({"pid": server, "used_bytes": ctx, "type": "compute"})
+        gpu["used_bytes"] += ctx
+        gpu["free_bytes"] -= ctx
+    node = FakeVllmNode(tmp_path)
+    t = _bundle(tmp_path, api_context)
+    assert t["gpus"][0]["rank"] == "Worker_TP0"  # the worker still names the GPU
+    assert _codes(t)["unused_gpu_memory"]["bytes"] == _room(node, 0.9, others=ctx) - MARGIN
+    assert "on GPU 0" in _codes(t)["unused_gpu_memory"]["detail"]
