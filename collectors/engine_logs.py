@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
+from collectors.events import EngineStartup as Startup
 from collectors.logfile import LogReadError, keywords_for, read_log
 from collectors.redact import redact_text
 from collectors.sglang import startups as sglang_startups
@@ -34,7 +35,6 @@ MAX_STREAM_LINES = 2_000_000  # bounds a journal or container log read backwards
 _SEGMENT = {"sglang": sglang_startups.segment_lines, "vllm": vllm_startups.segment_lines}
 _LAUNCH_LINE = {"sglang": (b"server_args=",), "vllm": (b"non-default args:",)}
 _NAMES = {"sglang": "SGLang", "vllm": "vLLM", "auto": "SGLang or vLLM"}
-Startup = Any  # collectors/sglang/startups.Startup or collectors/vllm/startups.Startup
 
 
 class LogSpecError(ValueError):

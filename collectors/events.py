@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
-__all__ = ["LogEvent", "segment"]
+__all__ = ["EngineStartup", "LogEvent", "segment"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,23 @@ class LogEvent:
     text: str = ""  # the message, shortened, for evidence
     raw: str = ""  # the physical line, so a startup can be saved and parsed again elsewhere
     fmt: str = ""  # the name of the line-format row that recognised it (collectors/<engine>/formats.py)
+
+
+@dataclass(frozen=True)
+class EngineStartup:
+    """The events of one launch, in file order; each engine's segmenter makes its own subclass."""
+
+    events: Tuple[LogEvent, ...]
+    closed: bool  # finished or failed, as the engine's segmenter decides
+    engine: str = "sglang"
+
+    @property
+    def first_line(self) -> Optional[int]:
+        return self.events[0].line if self.events else None
+
+    @property
+    def first_offset(self) -> int:
+        return self.events[0].offset if self.events else 0
 
 
 S = TypeVar("S")

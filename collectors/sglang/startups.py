@@ -18,26 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from collectors.events import LogEvent, segment
+from collectors.events import EngineStartup, LogEvent, segment
 from collectors.sglang.log import parse_line
 
 _BEGIN_KINDS = ("dist_init_begin", "load_begin")
 
 
 @dataclass(frozen=True)
-class Startup:
-    """The events of one launch, in file order."""
+class Startup(EngineStartup):
+    """The events of one SGLang launch; closed once a scheduler summary or a startup failure was seen."""
 
-    events: Tuple[LogEvent, ...]
-    closed: bool  # a scheduler summary or a startup failure was seen
-
-    @property
-    def first_line(self) -> Optional[int]:
-        return self.events[0].line if self.events else None
-
-    @property
-    def first_offset(self) -> int:
-        return self.events[0].offset if self.events else 0
+    engine: str = "sglang"
 
 
 def _group(rank: Optional[str]) -> str:

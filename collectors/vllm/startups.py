@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
-from collectors.events import LogEvent, segment
+from collectors.events import EngineStartup, LogEvent, segment
 from collectors.vllm.log import parse_line
 
 _LAUNCH_KINDS = ("engine_config", "args")
@@ -25,20 +25,11 @@ _SIZED = ("blocks", "kv_tokens", "concurrency")
 
 
 @dataclass(frozen=True)
-class Startup:
-    """The events of one vLLM launch, in file order."""
+class Startup(EngineStartup):
+    """The events of one vLLM launch; closed once the engine finished (init done, graphs captured
+    after the KV cache, or a serving line) or failed."""
 
-    events: Tuple[LogEvent, ...]
-    closed: bool  # finished (engine init done, or graphs captured after the KV cache) or failed
     engine: str = "vllm"
-
-    @property
-    def first_line(self) -> Optional[int]:
-        return self.events[0].line if self.events else None
-
-    @property
-    def first_offset(self) -> int:
-        return self.events[0].offset if self.events else 0
 
 
 _DROPPED: Tuple[LogEvent, ...] = ()
