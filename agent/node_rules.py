@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from agent.live import GpuLedger, Inspection, Owner
 from agent.records import Finding, KvChange
+from collectors.engines import ENGINE_NAMES
 from collectors.units import gib
 
 if TYPE_CHECKING:
@@ -42,8 +43,7 @@ def worth_it(gain_tokens: Optional[int], pool_tokens: Optional[int]) -> bool:
     return pool_tokens is None or gain_tokens >= MIN_GAIN_POOL_SHARE * pool_tokens
 
 
-# How each engine is named, and the flag that sizes its KV budget.
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+# The flag that sizes each engine's KV budget (its name: collectors/engines.py ENGINE_NAMES).
 BUDGET_FLAGS = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization"}
 
 

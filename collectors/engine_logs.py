@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
+from collectors.engines import ENGINE_NAMES
 from collectors.events import EngineStartup as Startup
 from collectors.logfile import LogReadError, keywords_for, read_log
 from collectors.redact import redact_text
@@ -34,7 +35,7 @@ MAX_STREAM_LINES = 2_000_000  # bounds a journal or container log read backwards
 # newest first stops there). vLLM before 0.10 prints no such line: the invocation bounds the read.
 _SEGMENT = {"sglang": sglang_startups.segment_lines, "vllm": vllm_startups.segment_lines}
 _LAUNCH_LINE = {"sglang": (b"server_args=",), "vllm": (b"non-default args:",)}
-_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "auto": "SGLang or vLLM"}
+_NAMES = dict(ENGINE_NAMES, auto="SGLang or vLLM")
 
 
 class LogSpecError(ValueError):
