@@ -115,11 +115,11 @@ class Engine:
     server_args: Mapping[str, Any]
     port: int
     raw: Mapping[str, Any]  # the collector's dict, for the engine's own collectors' helpers
-    kind: str = "sglang"  # "sglang" | "vllm"
+    kind: str  # the engine's registered name (collectors/plugin.py)
 
     @property
     def label(self) -> str:
-        """How reports and metrics name it: ``sglang-30000``, ``vllm-8000``."""
+        """How reports and metrics name it: ``<engine>-<port>``."""
         return "{}-{}".format(self.kind, self.port)
 
     @property

@@ -12,24 +12,21 @@ post_load_avail_bytes``, ``target.sources``) and ``engine_warnings(kind)`` ((tex
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional
 
 from agent.live import GpuLedger, Inspection, Owner
+from agent.plugin import ENGINES, EngineModel, display
 from agent.records import Finding, KvChange
-from collectors.engines import ENGINE_NAMES
 from collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.rulebook import Context
+    from agent.context import Context
 
 UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
 IMBALANCE_WARN_BYTES = 512 << 20  # free-memory spread across ranks worth reporting
-HOST_RESERVE_BYTES = 10 << 30  # SGLang keeps 10 GiB of host RAM free for HiCache (research §5)
 # A change is worth a restart only if it adds at least this share of the KV pool's tokens
 # (a raise into unused memory, fewer CUDA graphs, a HiCache tier) ...
 MIN_GAIN_POOL_SHARE = 0.05
-# ... and a HiCache tier at least this much host RAM per rank (decimal GB, as --hicache-size reads it).
-MIN_HICACHE_GB = 4
 # "Measured" means the lowest free memory under real load: a recorded history of the engine run
 # spanning at least this long, with at least this many samples. Anything less is one look.
 MEASURED_MIN_SPAN_S = 600
@@ -43,19 +40,18 @@ def worth_it(gain_tokens: Optional[int], pool_tokens: Optional[int]) -> bool:
     return pool_tokens is None or gain_tokens >= MIN_GAIN_POOL_SHARE * pool_tokens
 
 
-# The flag that sizes each engine's KV budget (its name: collectors/engines.py ENGINE_NAMES).
-BUDGET_FLAGS = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization"}
-
-
-def engine_kind(ctx: "Context") -> str:
-    """The engine explained: the live node's, else the log's."""
-    if ctx.live is not None and ctx.live.engine_kind:
-        return ctx.live.engine_kind
-    return getattr(ctx.analysis, "engine", "sglang")
+def engine_model(ctx: "Context") -> Optional[EngineModel]:
+    """The plug-in of the engine explained (agent/plugin.py), or None when none is known."""
+    return ENGINES.find(ctx.engine_kind)
 
 
 def engine_name(ctx: "Context") -> str:
-    return ENGINE_NAMES.get(engine_kind(ctx), "the engine")
+    return display(ctx.engine_kind)
+
+
+def budget_flag(ctx: "Context") -> str:
+    model = engine_model(ctx)
+    return model.budget_flag if model is not None else "KV budget"
 
 
 # --- the figures rules and exporters share -------------------------------------------------
@@ -136,8 +132,9 @@ def _within_ceiling(insp: Inspection, h: Optional[Headroom]) -> Optional[Headroo
     cannot be computed (no log, no reserved figure, a budget not set by u), there is no honest figure."""
     a = insp.analysis
     ceiling_of = getattr(a, "process_ceiling", None)
-    if ceiling_of is None:
-        return None if insp.engine_kind == "vllm" else h  # without its log, NVML free holds the reserve
+    if ceiling_of is None:  # without its log, NVML free holds the reserve, unless the budget frees a peak
+        model = ENGINES.find(insp.engine_kind)
+        return None if model is not None and model.frees_profiled_peak else h
     if h is None:
         return h
     for g in insp.engine_gpus:
@@ -208,7 +205,7 @@ def spare_memory(ctx: "Context") -> Optional[Spare]:
     return Spare(h, spare, change, worth)
 
 
-def _cell(ctx: "Context") -> Optional[int]:
+def cell_bytes(ctx: "Context") -> Optional[int]:
     return ctx.analysis.budget.cell_bytes if ctx.analysis is not None else None
 
 
@@ -243,10 +240,16 @@ def engine_not_found(ctx: "Context") -> Iterator[Finding]:
                           len(ports), ", ".join(map(str, ports)) or "none visible"), None, ("/proc/*/cmdline",),
                       action="pass --engine {}".format(ports[0]) if ports else "")
     elif ctx.live is not None and ctx.live.engine is None:
-        yield Finding("engine_not_found", "info", "No SGLang or vLLM server on this node",
-                      "Looked for `sglang.launch_server`, `sglang serve`, `sglang::scheduler*`, `vllm serve`, "
-                      "`vllm.entrypoints.openai.api_server` and `VLLM::*` command lines in /proc.", None,
-                      ("/proc/*/cmdline",))
+        engines = ENGINES.all()
+        yield Finding("engine_not_found", "info", "No {} server on this node".format(
+                          " or ".join(display(e.name) for e in engines)),
+                      "Looked for {} command lines in /proc.".format(_and(h for e in engines for h in e.process_hint)),
+                      None, ("/proc/*/cmdline",))
+
+
+def _and(items: Iterable[str]) -> str:
+    words = list(items)
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
 
 
 def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
@@ -301,7 +304,7 @@ def _quoted_gain(ctx: "Context", found: Spare) -> str:
     if c is not None and c.gain_bytes > 0:
         return "; {} {} puts {} of it into the KV pool: +{:,} KV tokens{} (recommended below)".format(
             c.flag, c.value, gib(c.gain_bytes), c.gain_tokens, per_rank)
-    cell = _cell(ctx)
+    cell = cell_bytes(ctx)
     return " ≈ {:,} more KV tokens{}".format(found.spare_bytes // cell, per_rank) if cell else ""
 
 
@@ -310,7 +313,7 @@ def _low_headroom(ctx: "Context", h: Headroom, margin: int) -> Finding:
         return Finding("low_headroom", "warning", "Only {} free on GPU {}, below the {} margin".format(
             gib(h.free_bytes), h.gpu.index, gib(margin)),
             "{}. Out-of-memory errors under load are likely; give memory back with a lower "
-            "{}.".format(h.how, BUDGET_FLAGS.get(engine_kind(ctx), "KV budget")), h.free_bytes, (h.evidence,))
+            "{}.".format(h.how, budget_flag(ctx)), h.free_bytes, (h.evidence,))
     return Finding("low_headroom", "warning",
                    "Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
                    "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
@@ -322,16 +325,20 @@ def rank_imbalance(ctx: "Context") -> Iterator[Finding]:
     if ctx.live is not None:
         yield from _live_imbalance(ctx, ctx.live)
     elif ctx.analysis is not None:
-        yield from _log_imbalance(ctx)
+        model = engine_model(ctx)
+        if model is not None and model.log_imbalance is not None:
+            yield from model.log_imbalance(ctx)
 
 
 def _live_imbalance(ctx: "Context", insp: Inspection) -> Iterator[Finding]:
     gpus = [g for g in insp.engine_gpus if g.free_bytes is not None]
     if len(gpus) < 2:
         return
-    # SGLang sizes every rank from the least free memory, whoever holds it. vLLM's budget is T·u
-    # whatever else runs: only its own workers' spread (free + other processes) leaves memory unused.
-    beside = engine_kind(ctx) == "vllm"
+    # An engine that sizes every rank from the least free memory loses to whoever holds it. One whose
+    # budget is a share of the total whatever else runs: only its own workers' spread (free + other
+    # processes) leaves memory unused.
+    model = engine_model(ctx)
+    beside = model is not None and model.budget_of_total
 
     def free(g: GpuLedger) -> int:
         return (g.free_bytes or 0) + (sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
@@ -342,7 +349,7 @@ def _live_imbalance(ctx: "Context", insp: Inspection) -> Iterator[Finding]:
     spread = free(hi) - free(lo)
     if spread < IMBALANCE_WARN_BYTES:
         return
-    cell = _cell(ctx)
+    cell = cell_bytes(ctx)
     cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
     yield Finding("rank_imbalance", "warning", "Free memory differs by {} across the engine's GPUs".format(gib(spread)),
                   "GPU {} ({}) has {} {}, GPU {} ({}) {}. Ranks are sized from the minimum, so the others leave up "
@@ -350,43 +357,6 @@ def _live_imbalance(ctx: "Context", insp: Inspection) -> Iterator[Finding]:
                                                 "free or held by other processes" if beside else "free", hi.index,
                                                 hi.rank, gib(free(hi)), gib(spread), cost),
                   spread, ("nvmlDeviceGetMemoryInfo_v2 free, GPUs {} and {}".format(lo.index, hi.index),))
-
-
-def _rank_evidence(r, field: str) -> Tuple[str, ...]:  # type: ignore[no-untyped-def]
-    s = r.target.sources.get(field)
-    if not s:
-        return ()
-    return ("{} {}".format(r.rank, s) if r.rank else s,)
-
-
-def _log_imbalance(ctx: "Context") -> Iterator[Finding]:
-    a = ctx.analysis
-    posts = [(r.target.post_load_avail_bytes, r) for r in a.ranks if r.target.post_load_avail_bytes is not None]
-    warned = next(iter(a.engine_warnings("unbalanced")), None)
-    if len(posts) < 2 and warned is None:
-        return
-    spread = 0
-    detail = ""
-    evidence: Tuple[str, ...] = ()
-    if len(posts) >= 2:
-        lo = min(posts, key=lambda x: x[0])
-        hi = max(posts, key=lambda x: x[0])
-        spread = hi[0] - lo[0]
-        if spread < IMBALANCE_WARN_BYTES and warned is None:
-            return
-        cell = _cell(ctx)
-        cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
-        detail = ("Free memory after loading ranges from {} on {} to {} on {}. SGLang sizes every rank's "
-                  "pool from the minimum, so each other rank leaves up to {}{} unused. Something else "
-                  "(another process, a leftover allocation) holds memory on {}.").format(
-            gib(lo[0]), lo[1].rank, gib(hi[0]), hi[1].rank, gib(spread), cost, lo[1].rank)
-        evidence = _rank_evidence(lo[1], "post_load_avail_bytes") + _rank_evidence(hi[1], "post_load_avail_bytes")
-    if warned is not None:
-        text, at = warned
-        detail += " SGLang itself warned: {} ({}).".format(text, at)
-        evidence += (at,)
-    yield Finding("rank_imbalance", "warning", "GPU memory is unbalanced across ranks", detail.strip(),
-                  spread or None, evidence)
 
 
 def concurrency_bound(ctx: "Context") -> Iterator[Finding]:
@@ -416,33 +386,20 @@ def concurrency_bound(ctx: "Context") -> Iterator[Finding]:
     yield Finding("concurrency_bound", sev, title, detail, None, (s.source,))
 
 
-# The engine's load now, from its /metrics: (metric, label, format), and the one that counts
-# queued requests (SGLang: collectors/engine_http.py; vLLM: the V0 and V1 metric names).
-LOAD_METRICS = {
-    "sglang": (("sglang:num_running_reqs", "running", "{:.0f}"), ("sglang:num_queue_reqs", "queued", "{:.0f}"),
-               ("sglang:token_usage", "KV token usage", "{:.0%}"),
-               ("sglang:num_used_tokens", "tokens in use", "{:,.0f}")),
-    "vllm": (("vllm:num_requests_running", "running", "{:.0f}"), ("vllm:num_requests_waiting", "waiting", "{:.0f}"),
-             ("vllm:kv_cache_usage_perc", "KV cache usage", "{:.0%}"),
-             ("vllm:gpu_cache_usage_perc", "KV cache usage", "{:.0%}"),
-             ("vllm:num_preemptions_total", "preemptions since start", "{:,.0f}")),
-}
-QUEUE_METRIC = {"sglang": "sglang:num_queue_reqs", "vllm": "vllm:num_requests_waiting"}
-
-
 def with_live_load(ctx: "Context", base: Finding) -> Finding:
     """A concurrency finding with the engine's load now; requests waiting make it a warning."""
     if ctx.live is None:
         return base
     http = ctx.live.snapshot.http
     metrics = http.metrics
-    kind = engine_kind(ctx)
-    live = ["{} {}".format(label, fmt.format(metrics[key])) for key, label, fmt in LOAD_METRICS.get(kind, ())
-            if key in metrics]
+    model = engine_model(ctx)
+    if model is None:
+        return base
+    live = ["{} {}".format(label, fmt.format(metrics[key])) for key, label, fmt in model.load.shown if key in metrics]
     if not live:
         return base
     url = http.url
-    queued = metrics.get(QUEUE_METRIC.get(kind, ""), 0)
+    queued = metrics.get(model.load.queued, 0)
     sev = "warning" if queued > 0 or base.severity == "warning" else "info"
     return replace(base, severity=sev, detail=base.detail + " Live ({}/metrics): {}.".format(url, ", ".join(live)),
                    evidence=base.evidence + ("{}/metrics".format(url),))
@@ -454,27 +411,15 @@ def foreign_gpu_process(ctx: "Context") -> Iterator[Finding]:
     insp = ctx.live
     if insp is None:
         return
-    cell = _cell(ctx)
+    cell = cell_bytes(ctx)
     engine_gpus = {g.index for g in insp.engine_gpus}
     for g in insp.gpus:
         for p in g.processes:
             if p.owner is not Owner.FOREIGN or not p.used_bytes:
                 continue
             on_engine = g.index in engine_gpus
-            cost = ""
-            fixed = on_engine and getattr(ctx.analysis, "fixed_kv_size", lambda flags: False)(live_settings(insp))
-            if fixed:
-                cost = (" vLLM's KV cache is fixed by --kv-cache-memory-bytes: this process must fit beside it, or "
-                        "the next start runs out of memory.")
-            elif on_engine and engine_kind(ctx) == "vllm":
-                cost = (" vLLM's budget is a share of the GPU's total (--gpu-memory-utilization × total), not of the "
-                        "free memory: this process must fit beside it, and on a restart vLLM ≥ 0.9.1 refuses to "
-                        "start while free memory is below that share (older releases shrink the KV cache or "
-                        "over-commit).")
-            elif on_engine and cell:
-                cost = (" SGLang sizes every rank's KV pool from the minimum free memory across ranks, so while it "
-                        "runs a restart gives all {} rank(s) {} less each: {:,} KV tokens per rank.").format(
-                            len(engine_gpus), gib(p.used_bytes), p.used_bytes // cell)
+            model = engine_model(ctx)
+            cost = model.foreign_cost(ctx, p, len(engine_gpus), cell) if on_engine and model is not None else ""
             who = ", ".join(x for x in ("user " + p.user if p.user else "", p.container or "") if x)
             yield Finding("foreign_gpu_process", "warning" if on_engine else "info",
                           "PID {} ({}) holds {} on GPU {}{}".format(
@@ -520,52 +465,6 @@ def other_pid_namespace(ctx: "Context") -> Iterator[Finding]:
                   total, ("/proc/self/ns/pid",))
 
 
-@dataclass(frozen=True)
-class HostOffload:
-    ranks: int
-    per_rank_bytes: int  # host RAM per rank after SGLang's 10 GiB reserve
-    size_gb: int  # --hicache-size value: decimal GB per rank, rounded down
-    tokens: int  # KV tokens that size holds per rank
-
-
-def host_offload(insp: Inspection) -> Optional[HostOffload]:
-    """HiCache sizing from host RAM now: (available − 10 GiB) // ranks on this host (SGLang 0.5.19+);
-    None below MIN_HICACHE_GB per rank or MIN_GAIN_POOL_SHARE of the GPU pool (not worth enabling)."""
-    a = insp.analysis
-    avail = insp.host_memory.available_bytes
-    if a is None or avail is None or a.failed is not None or not a.budget.cell_bytes:
-        return None
-    ranks = max(1, len(insp.engine_gpus) or len(a.ranks))
-    per_rank = (avail - HOST_RESERVE_BYTES) // ranks
-    size_gb = int(per_rank // 10**9)
-    pool = a.summary.max_total_num_tokens
-    tokens = size_gb * 10**9 // a.budget.cell_bytes
-    if size_gb < MIN_HICACHE_GB or pool is None or not worth_it(tokens, pool):
-        return None
-    return HostOffload(ranks, per_rank, size_gb, tokens)
-
-
-def host_ram_offload(ctx: "Context") -> Iterator[Finding]:
-    insp = ctx.live
-    off = host_offload(insp) if insp is not None and engine_kind(ctx) == "sglang" else None  # HiCache is SGLang's
-    if insp is None or off is None:
-        return
-    a = insp.analysis
-    avail = insp.host_memory.available_bytes
-    ratio = off.tokens / (a.summary.max_total_num_tokens or 1)
-    enabled = bool(a.server_args.get("enable_hierarchical_cache"))
-    yield Finding("host_ram_offload", "info",
-                  "Host RAM could hold {:,} KV tokens per rank ({:.1f}× the GPU pool) as a HiCache tier".format(
-                      off.tokens, ratio),
-                  "{} host RAM available (MemAvailable{}), minus SGLang's 10 GiB host reserve, split over {} rank(s): "
-                  "{:.2f} GB each; --hicache-size {} (decimal GB, rounded down, as SGLang reads it) at {:,} "
-                  "B/token.{}".format(
-                      gib(avail), ", cgroup-bounded" if insp.host_memory.cgroup_limit_bytes else "", off.ranks,
-                      off.per_rank_bytes / 1e9, off.size_gb, a.budget.cell_bytes,
-                      " HiCache is already enabled." if enabled else ""),
-                  off.per_rank_bytes * off.ranks, ("/proc/meminfo MemAvailable",))
-
-
 def other_engines(ctx: "Context") -> Iterator[Finding]:
     insp = ctx.live
     servers = [e for e in (insp.other_engines if insp else ()) if e.server is not None]
@@ -577,7 +476,7 @@ def other_engines(ctx: "Context") -> Iterator[Finding]:
         gpus = sorted({g.index for g in insp.gpus for p in g.processes if p.pid in pids})
         model = e.server_args.get("model_path") or e.server_args.get("model") or "?"
         parts.append("{} on port {} ({}, {} worker process(es), on GPU {})".format(
-            ENGINE_NAMES.get(e.kind, e.kind), e.port, model, len(e.workers), ",".join(map(str, gpus)) or "none"))
+            display(e.kind, e.kind), e.port, model, len(e.workers), ",".join(map(str, gpus)) or "none"))
     yield Finding("other_engines", "info", "{} more inference server(s) on this node".format(len(servers)),
                   "Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
                       insp.engine or "none", "; ".join(parts)), None, ("/proc/*/cmdline",))

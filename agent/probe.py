@@ -57,6 +57,13 @@ class _FromMemory(object):
     def create_module(self, spec):
         return None
 
+    def plugin_folders(self, package):
+        """The engine folders of a package (collectors/registry.py): those that hold a plugin.py."""
+        prefix = package.replace(".", "/") + "/"
+        return sorted(set(k[len(prefix):].split("/")[0] for k in _SOURCES
+                          if k.startswith(prefix) and k.count("/") == prefix.count("/") + 1
+                          and k.endswith("/plugin.py")))
+
     def exec_module(self, module):
         key = self._key(module.__name__)
         if key.endswith("__init__.py"):

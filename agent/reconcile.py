@@ -17,17 +17,11 @@ from agent import evidence, rulebook
 from agent.analyze import analyze_startup
 from agent.evidence import Engine, Gpu, Process, Snapshot
 from agent.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, Owner
+from agent.plugin import ENGINES
 from agent.records import Options, Problem
-from agent.sglang import live as sglang_live
 from agent.verdict import verdict
-from agent.vllm import live as vllm_live
-from collectors.sglang import startups as sglang_startups
-from collectors.vllm import startups as vllm_startups
-
-# Per engine: how its log lines split into startups, and which GPU process is which rank
-# (with the items its log says that rank holds).
-_SEGMENT = {"sglang": sglang_startups.segment_lines, "vllm": vllm_startups.segment_lines}
-_PLACE = {"sglang": sglang_live.place, "vllm": vllm_live.place}
+from collectors.plugin import ENGINES as COLLECTORS
+from collectors.plugin import for_bundle
 
 
 def _short(cmd: tuple) -> str:
@@ -37,8 +31,9 @@ def _short(cmd: tuple) -> str:
 
 def _analysis(snap: Snapshot, target: str, opts: Options) -> Optional[Any]:
     log = snap.engine_log
-    kind = log.engine or (snap.selected.kind if snap.selected else "sglang")
-    startups = _SEGMENT.get(kind, sglang_startups.segment_lines)(log.lines) if log.lines else []
+    # Per engine: how its log lines split into startups (its collectors' plug-in).
+    plugin = COLLECTORS.find(log.engine) or for_bundle(snap.selected.kind if snap.selected else None)
+    startups = plugin.segment_lines(log.lines) if log.lines else []
     if not startups:
         return None
     opts = replace(opts, model_config=dict(snap.model_config) if snap.model_config else opts.model_config,
@@ -126,7 +121,7 @@ def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any]
     engine_pids = set(engine.pids) if engine else set()
     analysis = _analysis(snap, target, opts)
     extra: List[Problem] = []
-    if engine is not None and analysis is not None and getattr(analysis, "engine", "sglang") != engine.kind:
+    if engine is not None and analysis is not None and analysis.engine != engine.kind:
         # a forged or mixed-up bundle: the log is another engine's than the server found
         extra.append(Problem("engine_log.other_engine", "the startup log is {}'s but the server is {}'s: the "
                              "log is not used".format(analysis.engine, engine.kind)))
@@ -135,7 +130,8 @@ def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any]
     for g in snap.nvml.gpus:
         for p in g.processes:
             gpu_of.setdefault(p.pid, g.index)
-    placed = _PLACE[engine.kind](engine, analysis, gpu_of) if engine else {}
+    # Which GPU process is which rank, with the items its log says that rank holds: the engine's own.
+    placed = ENGINES.get(engine.kind).place(engine, analysis, gpu_of) if engine else {}
     gpus = [_gpu_ledger(g, snap.processes, placed, engine_pids, other_pids) for g in snap.nvml.gpus]
     problems = list(snap.problems) + extra + [p for g in gpus for p in g.problems]
     nothing = (snap.nvml.status in ("absent", "failed", None) and snap.host_memory.status in ("failed", None)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from agent import history
 from agent.live import Inspection, Owner
+from agent.plugin import ENGINES
 from agent.reconcile import inspect_snapshot
 from agent.records import Options
 from collectors.snapshot import engine_kind, selected_engine
@@ -62,17 +63,11 @@ def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
     if a is None and not metrics:
         return None
 
-    def num(key: str) -> Optional[float]:
-        return metrics.get(key)
-
-    if insp.engine_kind == "vllm":  # vLLM reports usage as a share of its blocks, not a token count
-        used = None
-        usage = num("vllm:kv_cache_usage_perc")
-        usage = num("vllm:gpu_cache_usage_perc") if usage is None else usage
-        running, queued = num("vllm:num_requests_running"), num("vllm:num_requests_waiting")
-    else:
-        used, usage = num("sglang:num_used_tokens"), num("sglang:token_usage")
-        running, queued = num("sglang:num_running_reqs"), num("sglang:num_queue_reqs")
+    # The engine's own gauges (its plug-in's LoadMetrics): an engine that reports usage as a share of
+    # its blocks has no token count.
+    model = ENGINES.find(insp.engine_kind or getattr(a, "engine", None))
+    load = model.load.read(metrics) if model is not None else {}
+    used, usage, running, queued = (load.get(k) for k in ("used_tokens", "kv_usage", "running", "queued"))
     return {"kv_tokens": a.summary.max_total_num_tokens if a else None,
             "used_tokens": int(used) if used is not None else None, "token_usage": usage,
             "running": int(running) if running is not None else None,

@@ -1,9 +1,9 @@
 """Find and read the engine's startup log: its stdout file, its systemd journal, or its container.
 
-Where SGLang writes depends on how it was started:
+Where an engine writes depends on how it was started:
 * ``/proc/PID/fd/1`` is a regular file (``nohup … > server.log``): read that file from the end.
 * a systemd service: the unit's journal, *this invocation only* (``_SYSTEMD_INVOCATION_ID``),
-  newest first, stopping at the startup's ``server_args=`` line.
+  newest first, stopping at the startup's launch line (its plug-in's ``launch_lines``).
 * a docker container: ``docker logs --tail``.
 ``--log PATH|journal:UNIT|docker:NAME`` overrides. Commands run with argument lists (never a
 shell), and unit/container names are validated first: a value starting with ``-`` could
@@ -20,22 +20,20 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
-from collectors.engines import ENGINE_NAMES
 from collectors.events import EngineStartup as Startup
 from collectors.logfile import LogReadError, keywords_for, read_log
+from collectors.plugin import ENGINES
 from collectors.redact import redact_text
-from collectors.sglang import startups as sglang_startups
-from collectors.vllm import startups as vllm_startups
 
 NAME = "engine_log"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:\-]{0,200}$")
 COMMAND_TIMEOUT_S = 15
 MAX_STREAM_LINES = 2_000_000  # bounds a journal or container log read backwards/forwards
-# Per engine: how its lines split into startups, and the line that opens one (a journal read
-# newest first stops there). vLLM before 0.10 prints no such line: the invocation bounds the read.
-_SEGMENT = {"sglang": sglang_startups.segment_lines, "vllm": vllm_startups.segment_lines}
-_LAUNCH_LINE = {"sglang": (b"server_args=",), "vllm": (b"non-default args:",)}
-_NAMES = dict(ENGINE_NAMES, auto="SGLang or vLLM")
+
+
+def _display(engine: str) -> str:
+    plugin = ENGINES.find(engine)
+    return plugin.display if plugin is not None else " or ".join(e.display for e in ENGINES.all())
 
 
 class LogSpecError(ValueError):
@@ -117,7 +115,10 @@ def _journal(unit: str, engine: str) -> Tuple[List[Startup], List[str]]:
     kept: List[Tuple[int, str]] = []
     count = 0
     keywords = keywords_for(engine)
-    launch = _LAUNCH_LINE.get(engine) or tuple(n for needles in _LAUNCH_LINE.values() for n in needles)
+    # The line that opens a launch stops a journal read newest first; an engine that prints none
+    # (vLLM before 0.10) is bounded by the invocation alone.
+    plugin = ENGINES.find(engine)
+    launch = plugin.launch_lines if plugin is not None else tuple(n for e in ENGINES.all() for n in e.launch_lines)
     assert proc.stdout is not None
     for raw in proc.stdout:
         count += 1
@@ -141,9 +142,15 @@ def _journal(unit: str, engine: str) -> Tuple[List[Startup], List[str]]:
 
 
 def _segment(engine: str, lines: List[Tuple[int, int, str]]) -> List[Startup]:
-    if engine in _SEGMENT:
-        return _SEGMENT[engine](lines)
-    return sglang_startups.segment_lines(lines) or vllm_startups.segment_lines(lines)
+    """The engine's startups in the lines; "auto": the first engine's that finds any."""
+    plugin = ENGINES.find(engine)
+    if plugin is not None:
+        return plugin.segment_lines(lines)
+    for candidate in ENGINES.all():
+        found = candidate.segment_lines(lines)
+        if found:
+            return found
+    return []
 
 
 def _docker(name: str, engine: str) -> Tuple[List[Startup], List[str]]:
@@ -165,7 +172,7 @@ def _docker(name: str, engine: str) -> Tuple[List[Startup], List[str]]:
 
 def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, startup: int = -1,
             engine: str = "auto") -> Dict[str, Any]:
-    """``engine``: whose log it is ("sglang", "vllm": the server found; "auto": from the lines)."""
+    """``engine``: whose log it is (a registered engine's name: the server found; "auto": from the lines)."""
     section: Dict[str, Any] = {"status": "ok", "source": None, "lines": [], "index": None, "count": None,
                                "index_from_end": None, "engine": None, "notes": [], "problems": []}
     if spec is None:
@@ -183,7 +190,7 @@ def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, start
             startups, notes = _journal(name, engine) if kind == "journal" else _docker(name, engine)
             if not startups:
                 raise LogReadError("no_startup", "{}: no {} startup lines found".format(
-                    section["source"], _NAMES.get(engine, engine)))
+                    section["source"], _display(engine)))
             if abs(startup) > len(startups):
                 raise LogReadError("usage", "{}: --startup {} does not exist; {} startup(s) read".format(
                     section["source"], startup, len(startups)))
@@ -194,6 +201,6 @@ def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, start
         section["problems"].append({"code": "engine_log." + exc.code, "message": exc.message})
         return section
     section["lines"] = _lines_of(chosen)
-    section["engine"] = getattr(chosen, "engine", "sglang")
+    section["engine"] = chosen.engine
     section["notes"] = notes
     return section

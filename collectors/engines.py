@@ -1,12 +1,12 @@
 """Inference servers on this node: each server process, its workers (one per GPU rank), helpers, flags.
 
-Engine-neutral: each engine's ``processes`` module (``collectors/sglang``, ``collectors/vllm``)
-says which command lines are its servers, workers and helpers and how its flags read; this
+Engine-neutral: each engine's plug-in (``collectors/<engine>/plugin.py``: ``classify``,
+``parse_flags``) says which command lines are its servers, workers and helpers and how its flags read; this
 module walks /proc once and groups the processes under their server by the parent-PID chain.
 Processes are recognised by their command line, not the 15-character ``comm`` (setproctitle
 titles are longer).
 
-Output: ``{"status", "engines": [{"kind": "sglang"|"vllm", "server": process|None, "schedulers":
+Output: ``{"status", "engines": [{"kind": engine name, "server": process|None, "schedulers":
 [process + "rank"] (the GPU workers: SGLang's schedulers, vLLM's engine cores and workers),
 "helpers": [process], "server_args": {...}, "launch": …}], "problems": [...]}`` (process dicts
 from ``collectors/procfs.py``). The ``schedulers`` key keeps its first name so that bundles
@@ -18,27 +18,24 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from collectors import procfs
+from collectors.plugin import ENGINES, for_bundle
 from collectors.redact import redact_argv, redact_mapping
-from collectors.sglang import processes as sglang_processes
-from collectors.vllm import processes as vllm_processes
 
 NAME = "engines"
-KINDS = {sglang_processes.ENGINE: sglang_processes, vllm_processes.ENGINE: vllm_processes}
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 _ANCESTRY_DEPTH = 8
 
 
 def classify(argv: List[str]) -> Optional[Tuple[str, Dict[str, Any]]]:
     """(engine kind, role) of a command line, or None: not an inference server's process."""
-    for kind, module in KINDS.items():
-        role = module.classify(argv)
+    for engine in ENGINES.all():
+        role = engine.classify(argv)
         if role is not None:
-            return kind, role
+            return engine.name, role
     return None
 
 
 def default_port(kind: str) -> int:
-    return KINDS[kind].DEFAULT_PORT if kind in KINDS else sglang_processes.DEFAULT_PORT
+    return for_bundle(kind).default_port
 
 
 def _scan(root: str) -> List[Dict[str, Any]]:
@@ -56,7 +53,7 @@ def _scan(root: str) -> List[Dict[str, Any]]:
         proc["_kind"], proc["_role"] = kind, role
         if role["role"] == "server":
             proc["launch"] = role["launch"]
-            proc["server_args"] = redact_mapping(KINDS[kind].parse_flags((argv or [])[role["flags_at"]:]))
+            proc["server_args"] = redact_mapping(ENGINES.get(kind).parse_flags((argv or [])[role["flags_at"]:]))
         elif "rank" in role:
             proc["rank"] = role["rank"]
         else:
@@ -110,12 +107,13 @@ def _servers(candidates: Dict[int, Any], parents: Dict[int, Any], root: str) -> 
     return {pid: p for pid, p in candidates.items() if pid not in forked | wrappers}, forked
 
 
-def _ray_owner(proc: Dict[str, Any], servers: Dict[int, Any]) -> Optional[int]:
-    """Ray's worker actors are children of the raylet, not of the server: the node's one vLLM server
-    owns them; with several, they cannot be placed. (Other untitled children must descend from it.)"""
-    if proc["_kind"] != "vllm" or proc["_role"].get("rank") != "RayWorkerWrapper":
+def _adopter(proc: Dict[str, Any], servers: Dict[int, Any]) -> Optional[int]:
+    """A worker its engine marks ``adopted`` descends from no server (Ray's worker actors are children
+    of the raylet): the node's one server of its engine owns it; with several, it cannot be placed.
+    (Other untitled children must descend from their server.)"""
+    if not proc["_role"].get("adopted"):
         return None
-    mine = [pid for pid, s in servers.items() if s["_kind"] == "vllm"]
+    mine = [pid for pid, s in servers.items() if s["_kind"] == proc["_kind"]]
     return mine[0] if len(mine) == 1 else None
 
 
@@ -132,7 +130,7 @@ def collect(root: str = "/") -> Dict[str, Any]:
         role = proc["_role"]["role"]
         owner = _ancestor_server(proc, servers, parents, root)
         if owner is None and role == "child":
-            owner = _ray_owner(proc, servers)
+            owner = _adopter(proc, servers)
         if role == "server":  # a forked child of a server
             proc = dict(proc, rank="")
             role = "worker"
@@ -156,7 +154,7 @@ def collect(root: str = "/") -> Dict[str, Any]:
         pids = ", ".join(str(p["pid"]) for p in group["schedulers"])
         problems.append({"code": "engines.server_not_found",
                          "message": "{} worker processes without a visible server process (its command line "
-                                    "holds the flags): {}".format(ENGINE_NAMES[kind], pids)})
+                                    "holds the flags): {}".format(ENGINES.get(kind).display, pids)})
     return {"status": "ok" if engines else "absent", "engines": engines, "problems": problems}
 
 

@@ -1,8 +1,8 @@
 """What every engine's log parser produces: one record per recognised line.
 
-Engine-neutral on purpose: ``collectors/sglang`` and ``collectors/vllm`` both emit ``LogEvent``
-and both segment them into startups, so the reader (``collectors/logfile.py``) and the model
-handle either engine's events the same way.
+Engine-neutral on purpose: every engine's parser (``collectors/<engine>/``) emits ``LogEvent`` and
+segments them into startups, so the reader (``collectors/logfile.py``) and the model handle any
+engine's events the same way.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class EngineStartup:
 
     events: Tuple[LogEvent, ...]
     closed: bool  # finished or failed, as the engine's segmenter decides
-    engine: str = "sglang"
+    engine: str  # its plug-in's name; each engine's subclass sets it
 
     @property
     def first_line(self) -> Optional[int]:

@@ -1,9 +1,10 @@
-"""Read an SGLang log (plain file, .gz or stdin) and return the startup asked for.
+"""Read an engine's log (plain file, .gz or stdin) and return the startup asked for.
 
 Logs on inference nodes grow to gigabytes, and the startup that matters is usually the last
-one. A plain file is therefore read from the end: the last ``Load weight begin`` is found by a
-backward search in fixed-size blocks (read ahead by a second thread), a window before it is
-parsed forward until that startup has ended, and the window only grows when the startup began earlier. Reads are bounded
+one. A plain file is therefore read from the end: the last of the engine's anchor lines (its
+plug-in's ``anchors``: SGLang's ``Load weight begin``) is found by a backward search in fixed-size
+blocks (read ahead by a second thread), a window before it is parsed forward until that startup
+has ended, and the window only grows when the startup began earlier. Reads are bounded
 blocks (not mmap, whose touched pages count as the process's memory), so memory stays flat
 whatever the file size.
 Lines are not split one by one: each block is searched for a few keywords that every memory
@@ -22,51 +23,36 @@ import sys
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple, Union
 
 from collectors import lineformat
-from collectors.sglang import log as sglang_log
-from collectors.sglang import startups as sglang_startups
-from collectors.sglang.formats import FORMATS
-from collectors.sglang.startups import Startup, StartupSegmenter
-from collectors.vllm import formats as vllm_formats
-from collectors.vllm import log as vllm_log
-from collectors.vllm import startups as vllm_startups
+from collectors.events import EngineStartup as Startup
+from collectors.plugin import ENGINES, EngineCollectors
 
-# Every line a parser recognises contains one of these: the needles of both engines' line-format
-# rows, reduced to the fewest that still find every row (collectors/lineformat.py); idle lines
-# (IDLE_NEEDLES: a server's stat lines) are looked for apart, only when a startup awaits its end.
-_IDLE_NEEDLES = {"vllm": vllm_formats.IDLE_NEEDLES}
-_VLLM_ROWS = tuple(r for r in vllm_formats.FORMATS if r.needle not in vllm_formats.IDLE_NEEDLES)
-KEYWORDS = lineformat.keywords(tuple(FORMATS) + _VLLM_ROWS)
-ENGINES = ("sglang", "vllm")
-# Each needle costs a pass over every block: once the engine is known, search only its own.
-_KEYWORDS_FOR = {("sglang",): lineformat.keywords(FORMATS), ("vllm",): lineformat.keywords(_VLLM_ROWS),
-                 ENGINES: KEYWORDS}
-_PARSERS = {"sglang": sglang_log.parse_line, "vllm": vllm_log.parse_line}
+_GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
+
+
+def _keywords(engines: Tuple[EngineCollectors, ...]) -> Tuple[bytes, ...]:
+    """Every line a parser recognises contains one of these: the needles of the engines' line-format
+    rows, reduced to the fewest that still find every row (collectors/lineformat.py); idle lines
+    (a server's stat lines) are looked for apart, only when a startup awaits its end."""
+    return lineformat.keywords(tuple(row for e in engines for row in e.formats))
+
+
+_KEYWORD_CACHE: Dict[Tuple[str, ...], Tuple[bytes, ...]] = {}
 
 
 def keywords_for(engine: str) -> Tuple[bytes, ...]:
-    """The needles of one engine's lines ("auto": both engines')."""
-    return _KEYWORDS_FOR.get((engine,), KEYWORDS)
+    """The needles of one engine's lines ("auto": every engine's). Each needle costs a pass over
+    every block: once the engine is known, search only its own."""
+    chosen = (ENGINES.get(engine),) if ENGINES.find(engine) is not None else ENGINES.all()
+    key = tuple(e.name for e in chosen)
+    if key not in _KEYWORD_CACHE:
+        _KEYWORD_CACHE[key] = _keywords(chosen)
+    return _KEYWORD_CACHE[key]
 
 
-_SEGMENTERS = {"sglang": sglang_startups.StartupSegmenter, "vllm": vllm_startups.StartupSegmenter}
-_GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
-# Lines a vLLM startup prints (no single one is in every startup): the last of any of them,
-# searched backward in one pass, anchors the window. The later ones find fragments that begin at
-# profiling (V0) or at the KV report (V1). SGLang's (ANCHOR, then server_args=) are tried in order.
-_ANCHORS = {"vllm": (b"Model loading took", b"Loading model weights took", b"Available KV cache memory",
-                     b"Memory profiling results:", b"the current vLLM instance can use", b" KV cache size: ",
-                     b"# GPU blocks: ", b"# cuda blocks: ", b"# CUDA blocks: ")}
-# How the reader's notes name an engine's anchor line and the line that ends its startup.
-_ANCHOR_WORDS = {"sglang": "'Load weight begin'", "vllm": "vLLM startup (weights, profiling or KV cache size)"}
-_END_WORDS = {"sglang": "its summary line", "vllm": "'init engine … took', a graph capture after the KV cache, "
-                                                    "or a serving line"}
 SNIFF_BYTES = 1 << 20  # the head and the tail of a file say whose log it is
-# Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
-# longer the skips of the reverse search: 29 bytes scan 2 GiB in 0.13 s, 17 bytes in 0.24 s.
-ANCHOR = b"Load weight begin. avail mem="
 BLOCK_BYTES = 4 << 20
 WHOLE_FILE_BYTES = 32 << 20  # below this, read everything: counts and line numbers are exact
 FIRST_WINDOW_BYTES = 8 << 20
@@ -95,44 +81,36 @@ class LogExcerpt:
     count: Optional[int]  # startups in the file; None when the start of the file was not read
     window_start: int  # byte offset where reading began
     notes: Tuple[str, ...]  # what the reader could not do, in plain words
-    engine: str = "sglang"  # whose log it is: "sglang" or "vllm"
+    engine: str  # whose log it is: a registered engine's name
 
 
 class _Sink:
     """One engine's parser and startup segmenter, fed the keyword lines; ``score`` counts the lines
     only that engine prints (engine detection)."""
 
-    def __init__(self, engine: str, keep: Optional[int] = None) -> None:
-        self.engine = engine
-        self.parse = _PARSERS[engine]
-        self.seg = _SEGMENTERS[engine](keep=keep)
+    def __init__(self, engine: EngineCollectors, keep: Optional[int] = None) -> None:
+        self.engine = engine.name
+        self.plugin = engine
+        self.parse = engine.parse_line
+        self.seg = engine.segmenter(keep=keep)
         self.score = 0
-        self.idle_b = tuple(n.encode() for n in _IDLE_NEEDLES.get(engine, ()))
+        self.idle_b = tuple(n.encode() for n in engine.idle_needles)
 
     def feed(self, raw: str, line: Optional[int], offset: int) -> None:
         for ev in self.parse(raw, line, offset):
-            if ev.kind not in _GENERIC_KINDS or self._own_prefix(ev):
+            if ev.kind not in _GENERIC_KINDS or self.plugin.owns_event(ev):
                 self.score += 1
             self.seg.feed(ev)
 
 
-    def _own_prefix(self, ev: Any) -> bool:
-        """A traceback line still names its engine: SGLang's "[time TP0]" tag, vLLM's header or its own
-        process prefixes (another framework's Ray actor, e.g. verl's WorkerDict, is neither's)."""
-        if self.engine == "sglang":
-            return bool(ev.rank)
-        return "header" in ev.data or (ev.rank or "").startswith(_VLLM_PROCESSES)
-
-
-_VLLM_PROCESSES = ("EngineCore", "Worker_", "Worker pid", "VllmWorkerProcess", "RayWorkerWrapper", "RayWorkerProc")
-
-
 def _sinks(engine: str, keep: Optional[int]) -> List[_Sink]:
-    return [_Sink(e, keep) for e in ENGINES] if engine == "auto" else [_Sink(engine, keep)]
+    if engine == "auto":
+        return [_Sink(e, keep) for e in ENGINES.all()]
+    return [_Sink(ENGINES.get(engine), keep)]
 
 
 def _winner(sinks: List[_Sink]) -> _Sink:
-    """The engine whose own line shapes the log holds most; SGLang on a tie (and for no startup)."""
+    """The engine whose own line shapes the log holds most; the first registered on a tie (and for no startup)."""
     best = sinks[0]
     for s in sinks[1:]:
         if s.score > best.score:
@@ -143,11 +121,12 @@ def _winner(sinks: List[_Sink]) -> _Sink:
 def read_log(path: str, startup: int = -1, count_lines: bool = False, engine: str = "auto") -> LogExcerpt:
     """Read ``path`` (``-`` = stdin) and return startup ``startup`` (1-based, or -1 = last).
 
-    ``engine``: "sglang", "vllm", or "auto" (the engine whose own line shapes the log holds)."""
+    ``engine``: a registered engine's name, or "auto" (the engine whose own line shapes the log holds)."""
     if startup == 0:
         raise LogReadError("usage", "--startup counts from 1 (first) or from -1 (last); 0 is neither")
-    if engine not in ENGINES + ("auto",):
-        raise LogReadError("usage", "--engine-kind must be auto, sglang or vllm, not {!r}".format(engine))
+    if engine != "auto" and ENGINES.find(engine) is None:
+        raise LogReadError("usage", "--engine-kind must be auto or one of {}, not {!r}".format(
+            ", ".join(ENGINES.names()), engine))
     if path == "-":
         return _from_stream(sys.stdin.buffer, "<stdin>", startup, engine)
     _check_path(path)
@@ -268,16 +247,12 @@ def _sniff(src: "_Blocks", size: int) -> str:
         return _winner(sinks).engine
     # Head and tail are all runtime lines (a server that ran for days): the engine of the last
     # startup anchor in the file, found in one backward pass for every engine's anchors at once.
-    owner = {n: e for e in reversed(ENGINES) for n in _anchors(e)}
+    owner = {n: e.name for e in reversed(ENGINES.all()) for n in e.anchors}
     at = src.rfind(tuple(owner))
     if at == -1:
-        return ENGINES[0]
+        return ENGINES.first().name
     here = src.read(at, max(len(n) for n in owner))
     return next(e for n, e in owner.items() if here.startswith(n))
-
-
-def _anchors(engine: str) -> Tuple[bytes, ...]:
-    return _ANCHORS.get(engine, (ANCHOR, b"server_args="))
 
 
 def _whole_lines(block: bytes) -> bytes:
@@ -299,7 +274,7 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
     where one ends a startup still open: the first after the open startup's last line."""
     starts = set()
     idle = tuple(n for s in sinks for n in s.idle_b)
-    for kw in _KEYWORDS_FOR.get(tuple(s.engine for s in sinks), KEYWORDS):
+    for kw in keywords_for(sinks[0].engine if len(sinks) == 1 else "auto"):
         i = buf.find(kw)
         while i != -1:
             start = buf.rfind(b"\n", 0, i) + 1
@@ -454,10 +429,10 @@ class _Blocks:
 
 
 def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int],
-                 keep: Optional[int] = None, engine: str = "sglang") -> Tuple[StartupSegmenter, List[str]]:
+                 keep: Optional[int], engine: str) -> Tuple[Any, List[str]]:
     """Parse forward from ``start`` until the startup holding ``anchor`` has ended (``keep``: see
     StartupSegmenter)."""
-    sink = _Sink(engine, keep)
+    sink = _Sink(ENGINES.get(engine), keep)
     seg = sink.seg
     notes: List[str] = []
     pos = start
@@ -480,26 +455,26 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
                     break
             elif pos - anchor > MAX_AFTER_ANCHOR_BYTES:
                 notes.append("stopped reading {} MiB after the last startup began: it never printed "
-                             "{}".format(MAX_AFTER_ANCHOR_BYTES >> 20, _END_WORDS.get(engine, "its end")))
+                             "{}".format(MAX_AFTER_ANCHOR_BYTES >> 20, ENGINES.get(engine).end_words))
                 break
     return seg, notes
 
 
-def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool,
-               engine: str = "sglang") -> LogExcerpt:
+def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool, engine: str) -> LogExcerpt:
     binary = b"\x00" in src.read(0, 8192)
     if which > 0 or size <= WHOLE_FILE_BYTES:
         seg, whole_notes = _scan_window(src, 0, size, 0, keep=which, engine=engine)
         return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary, engine)
-    if engine == "vllm":  # no one line every vLLM startup prints: the last of any of them
-        anchor = src.rfind(_anchors(engine))
-    else:  # SGLang: the last load line, else (a startup that never loaded) the last server_args
-        anchor = next((at for at in (src.rfind(n) for n in _anchors(engine)) if at != -1), -1)
+    plugin = ENGINES.get(engine)
+    if plugin.anchors_in_order:  # the first anchor found wins; the later ones are fallbacks
+        anchor = next((at for at in (src.rfind(n) for n in plugin.anchors) if at != -1), -1)
+    else:  # no one line every startup prints: the last of any of them
+        anchor = src.rfind(plugin.anchors)
     notes: List[str] = []
     if anchor == -1:  # a fragment without a load line: read the tail only
         anchor = max(0, size - MAX_AFTER_ANCHOR_BYTES // 4)
         notes.append("no {} line in the file; read its last {} MiB".format(
-            _ANCHOR_WORDS.get(engine, "startup"), (size - anchor) >> 20))
+            plugin.anchor_words, (size - anchor) >> 20))
     back = FIRST_WINDOW_BYTES
     while True:
         start = src.line_start(anchor - back)
@@ -508,9 +483,9 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
             base_line = 0
         elif count_lines or start <= LINE_COUNT_LIMIT_BYTES:
             base_line = src.count_newlines(start)
-        seg, window_notes = _scan_window(src, start, anchor, base_line, engine=engine)
+        seg, window_notes = _scan_window(src, start, anchor, base_line, keep=None, engine=engine)
         startups = seg.result()
-        first_whole = bool(startups) and _begins_cleanly(startups[0], start, back)
+        first_whole = bool(startups) and plugin.begins_cleanly(startups[0], start, back)
         if start == 0 or len(startups) > -which or (first_whole and len(startups) == -which):
             break
         back *= 4
@@ -522,40 +497,14 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
     return _choose(startups, source, which, start == 0, start, size, tuple(notes + window_notes), binary, engine)
 
 
-def _begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
-    """Whether the first startup in a window cannot have begun before the window.
-
-    True when it opens with ``server_args=`` (the first line of every launch), or when every
-    rank's first line is an ``Init … begin``/``Load weight begin`` and the startup begins in the
-    later half of the window (a cut through a startup's first lines would leave a rank whose
-    first line is something else).
-    """
-    if startup.events[0].kind in ("server_args", "engine_config", "args"):
-        return True
-    if getattr(startup, "engine", "sglang") == "vllm":
-        return startup.first_offset - window_start >= back // 2
-    if startup.first_offset - window_start < back // 2:
-        return False
-    seen = set()
-    for ev in startup.events:
-        if ev.rank is None or ev.rank in seen:
-            continue
-        seen.add(ev.rank)
-        if ev.kind not in ("dist_init_begin", "load_begin"):
-            return False
-    return bool(seen)
-
-
 def _choose(startups: List[Startup], source: str, which: int, complete: bool, window_start: int,
-            size: Optional[int], notes: Tuple[str, ...], binary: bool, engine: str = "sglang") -> LogExcerpt:
+            size: Optional[int], notes: Tuple[str, ...], binary: bool, engine: str) -> LogExcerpt:
     if not startups:
         if binary:
             raise LogReadError("binary", "{}: this is not a text log (it contains NUL bytes)".format(source))
-        if engine == "vllm":
-            raise LogReadError("no_startup", "{}: no vLLM startup lines found (looked for 'Model loading took', "
-                               "'Available KV cache memory', '# GPU blocks', 'GPU KV cache size')".format(source))
-        raise LogReadError("no_startup", "{}: no SGLang startup lines found (looked for 'Load weight', "
-                           "'KV Cache is allocated', 'max_total_num_tokens=')".format(source))
+        plugin = ENGINES.get(engine)
+        raise LogReadError("no_startup", "{}: no {} startup lines found (looked for {})".format(
+            source, plugin.display, plugin.no_startup_hint))
     n = len(startups)
     if which > 0 and which > n:
         raise LogReadError("usage", "{}: --startup {} does not exist; the file holds {} startup(s)".format(
@@ -578,4 +527,4 @@ def _choose(startups: List[Startup], source: str, which: int, complete: bool, wi
     )
 
 
-__all__ = ["LogExcerpt", "LogReadError", "read_log", "KEYWORDS"]
+__all__ = ["LogExcerpt", "LogReadError", "read_log", "keywords_for"]

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from collectors import engines, host_memory, nvml, procfs
+from collectors.plugin import for_bundle
 from collectors.redact import redact_argv
 
 SCHEMA = "kvforensics.snapshot/1"
@@ -81,9 +82,9 @@ def _gpu_processes(root: str, nvml_section: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def engine_kind(engine: Dict[str, Any]) -> str:
-    """"sglang" or "vllm"; a bundle written before vLLM was supported has no kind: SGLang."""
-    kind = engine.get("kind")
-    return kind if kind in engines.KINDS else "sglang"
+    """The engine's registered name; an entry written before snapshots named engines has no kind
+    (collectors/plugin.py for_bundle: the legacy engine's)."""
+    return for_bundle(engine.get("kind")).name
 
 
 def engine_port(engine: Dict[str, Any]) -> int:
@@ -195,7 +196,7 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
     if http and chosen is not None and server is not None:
         from collectors import engine_http
 
-        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind or "sglang"), runs,
+        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind), runs,
                                    strict)
     else:
         snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {},

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Sequence
 
 from agent.live import Inspection, TargetFailure
+from agent.plugin import EngineAnalysis
 from agent.records import Finding, Recommendation, Verdict
-from agent.sglang.analysis import Analysis
-from agent.sglang.rules import reserve_breakdown
 from reports import fit, terminal
+from reports.plugin import VIEWS
 
 BAR_WIDTH = 100  # columns the code-block bars are drawn for (wide enough for 60 cells and labels)
 
@@ -27,14 +27,14 @@ def escape(text: str) -> str:
     return out
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> List[str]:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> List[str]:
     lines = ["| " + " | ".join(escape(h) for h in header) + " |",
              "|" + "|".join("---:" if r else "---" for r in right) + "|"]
     lines += ["| " + " | ".join(escape(x) for x in row) + " |" for row in rows]
     return lines + [""]
 
 
-def _plain(draw: Callable[[Any], None]) -> List[str]:
+def plain(draw: Callable[[Any], None]) -> List[str]:
     """What a terminal section draws without colour, but its title line, as a code block (bars and
     their legends: the glyphs say what each cell is without colour)."""
     buf, c = terminal.console(False, BAR_WIDTH)
@@ -80,7 +80,7 @@ def _recommendations(recs: Sequence[Recommendation], context_len: Optional[int],
 
 # --- a startup log ------------------------------------------------------------------------------
 
-def render(analyses: Sequence[Analysis]) -> str:
+def render(analyses: Sequence[EngineAnalysis]) -> str:
     parts = []
     for a in analyses:
         parts += ["## kvforensics `{}`".format(a.target), ""] + _verdict(a.verdict) + ["### Evidence", ""]
@@ -90,29 +90,13 @@ def render(analyses: Sequence[Analysis]) -> str:
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
-def _startup(a: Analysis) -> List[str]:
-    if terminal.is_vllm(a):  # a header line (kept: _plain drops a section's first line), then the table
-        return _plain(lambda c: (c.print(""), terminal.startup(c, a)))
-    lines: List[str] = []
-    buf, c = terminal.console(False, 10**4)
-    terminal.header(c, a)
-    lines += [escape(x.strip()) + "  " for x in terminal.text_of(buf).splitlines()] + [""]
-    groups = terminal.collapse(a.ranks)
-    if groups:
-        rows = terminal.ledger_rows(a, groups)
-        lines += ["#### Memory ledger per rank (GiB; 1 GiB = 2^30 B; SGLang's \"GB\" is GiB)", ""]
-        header = ["item"] + [label for label, _ in groups] + ["source ({})".format(groups[0][0])]
-        lines += _table(header, rows, [False] + [True] * len(groups) + [False])
-    if any(r.target.pre_load_avail_bytes for _, r in groups):
-        lines += ["#### Where each GPU's pre-load free memory went", ""]
-        lines += _plain(lambda c: terminal.rank_bars(c, groups, a.complete))
-    reserve = reserve_breakdown(a) if a.complete else []
-    if reserve and a.budget.reserve_bytes:
-        lines += ["#### Where the {} GiB reserve went (rank with the least free memory)".format(
-            terminal.gib_cell(a.budget.reserve_bytes)), ""]
-        lines += _table(["GiB", "item", "source"], [[terminal.gib_cell(n), name, src] for name, n, src in reserve],
-                        [True, False, False])
-    return lines
+def _startup(a: EngineAnalysis) -> List[str]:
+    """The startup's evidence in its engine's Markdown; an engine without one is drawn as on screen,
+    without colour (a header line first: _plain drops a section's first line)."""
+    view = VIEWS.get(a.engine)
+    if view.markdown is not None:
+        return view.markdown(a)
+    return plain(lambda c: (c.print(""), view.terminal(c, a)))
 
 
 # --- live inspection --------------------------------------------------------------------------
@@ -147,10 +131,10 @@ def _inspection(insp: Inspection) -> List[str]:
             rows.append([terminal.gpu_label(group), cells[0], fit.rank_label([g.rank for g in group])]
                         + list(cells[1:]))
         lines += ["#### GPUs now (NVML; GiB; identical GPUs share a row)", ""]
-        lines += _table(["GPU", "name", "rank", "total", "used", "free", "engine", "others", "reserved"], rows,
+        lines += table(["GPU", "name", "rank", "total", "used", "free", "engine", "others", "reserved"], rows,
                         [True, False, False, True, True, True, True, True, True])
         lines += ["#### Where each GPU's memory is now", ""]
-        lines += _plain(lambda c: terminal.gpu_bars(c, groups))
+        lines += plain(lambda c: terminal.gpu_bars(c, groups))
     if insp.analysis is not None:
         lines += ["### From the engine's startup log (`{}`)".format(snap.engine_log.source), ""]
         lines += _startup(insp.analysis)
@@ -167,6 +151,6 @@ def render_fleet(results: Sequence[Any]) -> str:
     collected = sum(1 for r in results if not isinstance(r, TargetFailure))
     lines = ["## kvforensics: {} host(s), {} collected".format(len(results), collected), ""]
     header = [col.header for col in terminal.FLEET_COLUMNS]
-    lines += _table(header, terminal.fleet_rows(results), [col.justify == "right" for col in terminal.FLEET_COLUMNS])
+    lines += table(header, terminal.fleet_rows(results), [col.justify == "right" for col in terminal.FLEET_COLUMNS])
     lines.append("unused: GiB per GPU beyond the margin.")
     return "\n".join(lines) + "\n"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
-from agent.live import Inspection, ItemKind
+from agent.live import Inspection
+from reports.plugin import VIEWS
 
 PREFIX = "kvforensics_"
 
@@ -96,19 +97,14 @@ def _engine(gauge, insp: Inspection, samples: Optional[int]) -> None:  # type: i
     if a is not None:
         kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.",
                          ("engine", "rank"))
-        if insp.engine_kind == "vllm":  # the GPUs' rank labels: stable across restarts (no PID in them)
-            for g in insp.engine_gpus:
-                kv = next((x.bytes for x in g.items if x.kind is ItemKind.KV_POOL), None)
-                if kv is not None and g.rank:
-                    kv_bytes.labels(engine, g.rank).set(kv)
-        for r in a.ranks if insp.engine_kind != "vllm" else ():
-            if r.target.kv_bytes is not None:
-                kv_bytes.labels(engine, r.rank).set(r.target.kv_bytes)
+        view = VIEWS.find(insp.engine_kind)
+        for rank, kv in view.kv_pool_by_rank(insp) if view is not None else ():
+            kv_bytes.labels(engine, rank).set(kv)
         if a.summary.max_total_num_tokens is not None:
             gauge("engine_kv_pool_tokens", "KV pool capacity in tokens (max_total_num_tokens).", ("engine",)).labels(
                 engine).set(a.summary.max_total_num_tokens)
+    from agent.context import Context
     from agent.node_rules import unused_bytes
-    from agent.rulebook import Context
 
     # The same figure as the unused_gpu_memory finding: the run's low-water mark when recorded
     # history holds one, else NVML now; never negative; absent when a GPU is lost.

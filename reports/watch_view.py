@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Deque, Dict, Optional
 
 from agent.live import Inspection
+from agent.plugin import ENGINES
 from reports.history_report import sparkline
 
 GIB = 1 << 30
@@ -18,10 +19,9 @@ def view(insp: Inspection, history: Dict[int, Deque[Optional[int]]], interval: f
     from rich.table import Table
 
     metrics = insp.snapshot.http.metrics
-    usage = next((metrics[k] for k in ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-                  if k in metrics), None)
-    running = metrics.get("sglang:num_running_reqs", metrics.get("vllm:num_requests_running"))
-    queued = metrics.get("sglang:num_queue_reqs", metrics.get("vllm:num_requests_waiting"))
+    model = ENGINES.find(insp.engine_kind)
+    load = model.load.read(metrics) if model is not None else {}
+    usage, running, queued = load.get("kv_usage"), load.get("running"), load.get("queued")
     caption = "refresh every {:g} s · Ctrl-C to leave".format(interval)
     if usage is not None:
         caption = "KV usage {:.0%} · running {} · queued {} · ".format(

@@ -10,6 +10,7 @@ import pytest
 
 from collectors import engine_http, engine_logs, host_memory, procfs
 from collectors.redact import REDACTED, redact_argv, redact_mapping
+from collectors.sglang import http as sglang_http
 from collectors.sglang import processes as sglang_processes
 from tests.conftest import ROOT, SEED_LOG
 
@@ -209,16 +210,16 @@ def test_missing_tools_are_a_clear_problem(monkeypatch, tmp_path):
 def test_metrics_parser():
     text = ('# HELP x\nsglang:num_running_reqs{tp_rank="0",model_name="m"} 12.0\n'
             'sglang:num_running_reqs{tp_rank="1"} 12.0\nsglang:token_usage 0.5\nother_metric 3\n')
-    assert engine_http.parse_metrics(text) == {"sglang:num_running_reqs": 12.0, "sglang:token_usage": 0.5}
+    assert sglang_http.parse_metrics(text) == {"sglang:num_running_reqs": 12.0, "sglang:token_usage": 0.5}
     # a NaN or infinite sample is not JSON: skipped, so the first finite one counts; a brace inside a
     # quoted label value is data
     hostile = ('sglang:token_usage NaN\nsglang:num_queue_reqs{model_name="a}b"} +Inf\n'
                'sglang:num_queue_reqs{model_name="a}b"} 3\nsglang:token_usage 0.25\n')
-    assert engine_http.parse_metrics(hostile) == {"sglang:token_usage": 0.25, "sglang:num_queue_reqs": 3.0}
+    assert sglang_http.parse_metrics(hostile) == {"sglang:token_usage": 0.25, "sglang:num_queue_reqs": 3.0}
 
 
 def test_http_skips_non_loopback_hosts():
-    s = engine_http.collect({"host": "10.1.2.3", "port": 30000})
+    s = engine_http.collect({"host": "10.1.2.3", "port": 30000}, engine="sglang")
     assert s["status"] == "absent" and s["url"] is None
     assert s["problems"][0]["code"] == "engine_http.not_loopback"
 

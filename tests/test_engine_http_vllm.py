@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from collectors import engine_http, exposition
+from collectors import engine_http, exposition, loopback
 from collectors.vllm import metrics as vllm_metrics
 from tests.conftest import FIXTURES
 
@@ -121,10 +121,10 @@ def test_no_cache_config_info_is_none_and_non_vllm_text_is_empty():
 
 
 def test_a_page_cut_by_the_read_limit_loses_only_its_last_partial_line(monkeypatch):
-    monkeypatch.setattr(engine_http, "READ_LIMIT", 64)
+    monkeypatch.setattr(loopback, "READ_LIMIT", 64)
     body = b'vllm:num_requests_running{engine="0"} 3\nvllm:num_requests_running{engine="1"} 12'
-    assert engine_http.whole_lines(body[:64]) == 'vllm:num_requests_running{engine="0"} 3\n'
-    assert engine_http.whole_lines(b"short 1") == "short 1"
+    assert loopback.whole_lines(body[:64]) == 'vllm:num_requests_running{engine="0"} 3\n'
+    assert loopback.whole_lines(b"short 1") == "short 1"
 
 
 # --- a real HTTP server on an ephemeral loopback port --------------------------------------------
@@ -196,7 +196,7 @@ def test_vllm_unreachable_port_is_absent():
 
 @pytest.mark.parametrize("host", ["10.1.2.3", "192.168.0.7", "example.org"])
 def test_vllm_non_loopback_host_is_never_contacted(host, monkeypatch):
-    monkeypatch.setattr(engine_http, "_get", lambda url: pytest.fail("contacted {}".format(url)))
+    monkeypatch.setattr(loopback, "get", lambda url: pytest.fail("contacted {}".format(url)))
     s = engine_http.collect({"host": host, "port": 8000}, engine="vllm")
     assert s["status"] == "absent" and s["url"] is None
     assert [p["code"] for p in s["problems"]] == ["engine_http.not_loopback"]
@@ -206,14 +206,14 @@ def test_vllm_non_loopback_host_is_never_contacted(host, monkeypatch):
                                                                       "http://127.0.0.1:8123")])
 def test_vllm_default_port_is_8000(args, url, monkeypatch):
     asked = []
-    monkeypatch.setattr(engine_http, "_get", lambda u: asked.append(u))
+    monkeypatch.setattr(loopback, "get", lambda u: asked.append(u))
     s = engine_http.collect(args, engine="vllm")
     assert s["url"] == url and asked == [url + "/metrics"]  # no /server_info: vLLM has none
 
 
 def test_sglang_section_has_the_cache_config_key_too(monkeypatch):
-    monkeypatch.setattr(engine_http, "_get", lambda u: None)
-    s = engine_http.collect({"port": 30000})
+    monkeypatch.setattr(loopback, "get", lambda u: None)
+    s = engine_http.collect({"port": 30000}, engine="sglang")
     assert s["url"] == "http://127.0.0.1:30000" and s["cache_config"] is None
 
 

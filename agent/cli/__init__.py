@@ -49,7 +49,7 @@ def _group(
 
 
 # Registered here, in the order `kvforensics --help` lists them.
-app.command("analyze", short_help="Explain GPU memory from an SGLang startup log, offline.")(analyze.analyze)
+app.command("analyze", short_help="Explain GPU memory from an engine's startup log, offline.")(analyze.analyze)
 app.command("inspect", short_help="Inspect nodes live (here or over SSH), reconciled.")(inspect.inspect)
 app.command("record", short_help="Sample into history; export Prometheus metrics (cron).")(record.record)
 app.command("history", short_help="Low-water free memory and peak KV use over time.")(history.history_cmd)

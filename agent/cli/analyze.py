@@ -30,7 +30,7 @@ from agent.cli.options import (
 
 
 def analyze(
-    log: Annotated[str, typer.Argument(help="SGLang or vLLM log: a file, a .gz file, or - for stdin.",
+    log: Annotated[str, typer.Argument(help="The engine's log: a file, a .gz file, or - for stdin.",
                                        show_default=False)],
     startup: Startup = -1,
     model_config: ModelConfig = None,
@@ -44,10 +44,10 @@ def analyze(
                                                    "file).")] = False,
     color: Color = None,
     engine_kind: Annotated[str, typer.Option("--engine-kind",
-                                             help="Whose log it is: auto (from its line shapes), sglang or "
-                                                  "vllm.")] = "auto",
+                                             help="Whose log it is: auto (from its line shapes) or an "
+                                                  "engine's name (an unknown name lists them).")] = "auto",
 ) -> None:
-    """Explain an SGLang or vLLM server's GPU memory from its startup log, offline."""
+    """Explain an inference server's GPU memory from its startup log, offline."""
     from dataclasses import replace
 
     from agent.analyze import analyze_startup

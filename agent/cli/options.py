@@ -67,7 +67,7 @@ Log = Annotated[Optional[str], typer.Option("--log",
                                             help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found "
                                                  "from the process).")]
 Engine = Annotated[Optional[int], typer.Option("--engine",
-                                               help="Port of the server (SGLang or vLLM) to explain when a node runs "
+                                               help="Port of the inference server to explain when a node runs "
                                                     "several (default: the one holding most GPU memory).")]
 
 # The history database: record writes it, inspect, history and watch read it.

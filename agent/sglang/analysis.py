@@ -58,6 +58,7 @@ class Analysis:
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
     verdict: Optional[Verdict] = None  # the answer first, from the findings and recommendations
+    engine: str = "sglang"  # its plug-in's name (agent/plugin.py EngineAnalysis)
 
     @property
     def tp_size(self) -> int:

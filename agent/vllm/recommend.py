@@ -11,7 +11,7 @@ from agent.vllm.analysis import Analysis
 from collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.rulebook import Context
+    from agent.context import Context
 
 
 def on_failure(ctx: "Context") -> Iterator[Recommendation]:

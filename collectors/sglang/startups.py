@@ -122,3 +122,30 @@ class StartupSegmenter:
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
     """Startups from ``(line number, byte offset, raw line)`` rows: a snapshot's saved lines, a journal."""
     return segment(lines, parse_line, StartupSegmenter())
+
+
+def begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
+    """Whether the first startup in a reading window cannot have begun before the window.
+
+    True when it opens with ``server_args=`` (the first line of every launch), or when every
+    rank's first line is an ``Init … begin``/``Load weight begin`` and the startup begins in the
+    later half of the window (a cut through a startup's first lines would leave a rank whose
+    first line is something else).
+    """
+    if startup.events[0].kind == "server_args":
+        return True
+    if startup.first_offset - window_start < back // 2:
+        return False
+    seen = set()
+    for ev in startup.events:
+        if ev.rank is None or ev.rank in seen:
+            continue
+        seen.add(ev.rank)
+        if ev.kind not in _BEGIN_KINDS:
+            return False
+    return bool(seen)
+
+
+def owns_event(ev: LogEvent) -> bool:
+    """A traceback line still names SGLang when it carries its "[time TP0]" tag."""
+    return bool(ev.rank)

@@ -96,7 +96,7 @@ def classify(argv: List[str]) -> Optional[Dict[str, Any]]:
     if argv[0].startswith(_TITLE):
         return _title(argv)
     if argv[0].startswith("ray::RayWorkerWrapper"):
-        return {"role": "child", "rank": "RayWorkerWrapper"}
+        return {"role": "child", "rank": "RayWorkerWrapper", "adopted": True}  # a child of the raylet
     for i, token in enumerate(argv[:4]):
         if token in ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server") \
                 or token.endswith("/vllm/entrypoints/openai/api_server.py"):

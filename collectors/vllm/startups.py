@@ -136,3 +136,21 @@ def _process_name(ev: LogEvent) -> str:
 
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:
     return segment(lines, parse_line, StartupSegmenter())
+
+
+def begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
+    """Whether the first startup in a reading window cannot have begun before it: it opens with a
+    launch line, or begins in the window's later half (vLLM has no per-rank opening line to check)."""
+    if startup.events[0].kind in _LAUNCH_KINDS:
+        return True
+    return startup.first_offset - window_start >= back // 2
+
+
+# The process prefixes vLLM prints before a record (another framework's Ray actor, e.g. verl's
+# WorkerDict, is not vLLM's).
+_OWN_PROCESSES = ("EngineCore", "Worker_", "Worker pid", "VllmWorkerProcess", "RayWorkerWrapper", "RayWorkerProc")
+
+
+def owns_event(ev: LogEvent) -> bool:
+    """A traceback line still names vLLM when it has vLLM's header or one of its process prefixes."""
+    return "header" in ev.data or (ev.rank or "").startswith(_OWN_PROCESSES)

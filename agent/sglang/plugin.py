@@ -1,0 +1,44 @@
+"""SGLang, as the forensics model sees it: the one object the engine-neutral code reads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from agent.plugin import EngineModel, LoadMetrics
+from agent.sglang import hicache, imbalance, live, recommend, rules
+from agent.sglang.analysis import build_analysis
+from collectors.units import gib
+
+if TYPE_CHECKING:
+    from agent.context import Context
+
+
+def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[int]) -> str:
+    """SGLang sizes every rank's KV pool from the least free memory across ranks (research §1)."""
+    if not cell:
+        return ""
+    return (" SGLang sizes every rank's KV pool from the minimum free memory across ranks, so while it "
+            "runs a restart gives all {} rank(s) {} less each: {:,} KV tokens per rank.").format(
+                engine_gpus, gib(process.used_bytes), process.used_bytes // cell)
+
+
+ENGINE = EngineModel(
+    name="sglang",
+    build_analysis=build_analysis,
+    headlines=tuple(rules.HEADLINES),
+    rules=tuple(rules.RULES),
+    recommenders=tuple(recommend.RECOMMENDERS),
+    place=live.place,
+    budget_flag="--mem-fraction-static",
+    # collectors/sglang/http.py WANTED: the scheduler's gauges (with --enable-metrics)
+    load=LoadMetrics(running="sglang:num_running_reqs", queued="sglang:num_queue_reqs",
+                     kv_usage=("sglang:token_usage",), used_tokens="sglang:num_used_tokens",
+                     shown=(("sglang:num_running_reqs", "running", "{:.0f}"),
+                            ("sglang:num_queue_reqs", "queued", "{:.0f}"),
+                            ("sglang:token_usage", "KV token usage", "{:.0%}"),
+                            ("sglang:num_used_tokens", "tokens in use", "{:,.0f}"))),
+    process_hint=("`sglang.launch_server`", "`sglang serve`", "`sglang::scheduler*`"),
+    foreign_cost=foreign_cost,
+    node_rules=(hicache.host_ram_offload,),
+    log_imbalance=imbalance.log_imbalance,
+)

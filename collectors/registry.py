@@ -1,0 +1,87 @@
+"""One list of engine plug-ins per layer, found by their folders, as node_exporter's collectors are.
+
+An engine is a folder in each layer (``collectors/<name>/``, ``agent/<name>/``, ``reports/<name>/``)
+with a ``plugin.py`` that exports ``ENGINE``, that layer's descriptor. The registry imports those
+modules on first use, so the engine-neutral code names no engine, and a new engine touches only
+its own folders. ``register`` adds one from elsewhere (a test's toy engine).
+
+Pure and standard library only: reports may use it (it reads nothing of the machine), and the
+probe ships it; inside the probe the modules come from memory, so the probe's loader lists them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Dict, Generic, List, Optional, Tuple, TypeVar
+
+__all__ = ["Registry", "UnknownEngine"]
+
+P = TypeVar("P")
+PLUGIN_MODULE = "plugin"
+
+
+class UnknownEngine(KeyError):
+    """A name no registered engine has."""
+
+
+class Registry(Generic[P]):
+    """The plug-ins of one layer's package, by name, in name order (the first is the tie-breaker)."""
+
+    def __init__(self, package: str) -> None:
+        self._package = package
+        self._found: Optional[Dict[str, P]] = None
+        self._extra: Dict[str, P] = {}
+
+    def _folders(self) -> List[str]:
+        pkg = importlib.import_module(self._package)
+        lister = getattr(getattr(pkg, "__spec__", None) and pkg.__spec__.loader, "plugin_folders", None)
+        if lister is not None:  # the probe: modules in memory, no folder on disk
+            return list(lister(self._package))
+        out = []
+        for where in getattr(pkg, "__path__", ()):
+            for name in sorted(os.listdir(where)):
+                if os.path.isfile(os.path.join(where, name, PLUGIN_MODULE + ".py")):
+                    out.append(name)
+        return out
+
+    def _discover(self) -> Dict[str, P]:
+        if self._found is None:
+            found: Dict[str, P] = {}
+            for folder in self._folders():
+                module = importlib.import_module("{}.{}.{}".format(self._package, folder, PLUGIN_MODULE))
+                plugin = module.ENGINE
+                found[plugin.name] = plugin
+            self._found = found
+        return self._found
+
+    def register(self, plugin: P) -> P:
+        """Add an engine defined outside the package's folders; replaces one of the same name."""
+        self._extra[plugin.name] = plugin
+        return plugin
+
+    def unregister(self, name: str) -> None:
+        self._extra.pop(name, None)
+
+    def all(self) -> Tuple[P, ...]:
+        merged = dict(self._discover())
+        merged.update(self._extra)
+        return tuple(merged[name] for name in sorted(merged))
+
+    def names(self) -> Tuple[str, ...]:
+        return tuple(p.name for p in self.all())
+
+    def find(self, name: Any) -> Optional[P]:
+        if not isinstance(name, str):
+            return None
+        return self._extra.get(name) or self._discover().get(name)
+
+    def get(self, name: str) -> P:
+        plugin = self.find(name)
+        if plugin is None:
+            raise UnknownEngine(name)
+        return plugin
+
+    def first(self) -> P:
+        return self.all()[0]
+

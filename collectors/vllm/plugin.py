@@ -1,0 +1,34 @@
+"""vLLM, as the collectors see it: the one object the engine-neutral code reads."""
+
+from __future__ import annotations
+
+from collectors.plugin import EngineCollectors
+from collectors.vllm import formats, http, log, processes, startups
+
+ENGINE = EngineCollectors(
+    name="vllm",
+    display="vLLM",
+    # Its serving lines (IDLE_NEEDLES) are looked for apart, only when a startup awaits its end.
+    formats=tuple(r for r in formats.FORMATS if r.needle not in formats.IDLE_NEEDLES),
+    idle_needles=formats.IDLE_NEEDLES,
+    parse_line=log.parse_line,
+    segmenter=startups.StartupSegmenter,
+    segment_lines=startups.segment_lines,
+    # No single line is in every startup: the last of any of them anchors the window. The later
+    # ones find fragments that begin at profiling (V0) or at the KV report (V1).
+    anchors=(b"Model loading took", b"Loading model weights took", b"Available KV cache memory",
+             b"Memory profiling results:", b"the current vLLM instance can use", b" KV cache size: ",
+             b"# GPU blocks: ", b"# cuda blocks: ", b"# CUDA blocks: "),
+    anchors_in_order=False,
+    anchor_words="vLLM startup (weights, profiling or KV cache size)",
+    end_words="'init engine … took', a graph capture after the KV cache, or a serving line",
+    no_startup_hint="'Model loading took', 'Available KV cache memory', '# GPU blocks', 'GPU KV cache size'",
+    # vLLM before 0.10 prints no such line: the journal's invocation bounds the read.
+    launch_lines=(b"non-default args:",),
+    owns_event=startups.owns_event,
+    begins_cleanly=startups.begins_cleanly,
+    classify=processes.classify,
+    parse_flags=processes.parse_flags,
+    default_port=processes.DEFAULT_PORT,
+    read_http=http.read_http,
+)

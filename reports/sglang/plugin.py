@@ -1,0 +1,19 @@
+"""SGLang, as the renderers see it: the one object the engine-neutral reports read."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Tuple
+
+from reports.plugin import EngineView
+from reports.sglang import json_report, markdown, terminal
+
+
+def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
+    """Each rank's KV pool as its startup log states it (rank labels as printed: TP0…)."""
+    for r in insp.analysis.ranks:
+        if r.target.kv_bytes is not None:
+            yield r.rank, r.target.kv_bytes
+
+
+ENGINE = EngineView(name="sglang", terminal=terminal.render, json_target=json_report.target_dict,
+                    markdown=markdown.markdown, kv_pool_by_rank=kv_pool_by_rank)

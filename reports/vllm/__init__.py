@@ -1,0 +1,1 @@
+"""vLLM's own rendering: its per-worker table, in each format."""

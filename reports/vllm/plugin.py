@@ -1,0 +1,21 @@
+"""vLLM, as the renderers see it: the one object the engine-neutral reports read."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Tuple
+
+from agent.live import ItemKind
+from reports.plugin import EngineView
+from reports.vllm import json_report, terminal
+
+
+def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
+    """Each placed worker's KV cache, labelled by the GPU's rank: stable across restarts (no PID in it)."""
+    for g in insp.engine_gpus:
+        kv = next((x.bytes for x in g.items if x.kind is ItemKind.KV_POOL), None)
+        if kv is not None and g.rank:
+            yield g.rank, kv
+
+
+ENGINE = EngineView(name="vllm", terminal=terminal.render, json_target=json_report.target_dict,
+                    kv_pool_by_rank=kv_pool_by_rank)

@@ -1,0 +1,35 @@
+"""A vLLM startup in the terminal: a header and a per-worker ledger (GiB; — where the log has no figure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports.fit import NOTES, Col
+from reports.terminal import gib_cell, print_table, say
+
+COLUMNS = (("total", "total_gpu_bytes"), ("budget T·u", "requested_bytes"), ("weights", "weights_bytes"),
+                 ("non-torch", "non_torch_bytes"), ("activation", "activation_peak_bytes"),
+                 ("graphs", "cuda_graph_bytes"), ("KV", "available_kv_bytes"))
+
+
+def render(c: Any, a: Any) -> None:
+    """A vLLM analysis (agent/vllm/): header and a per-worker ledger (GiB; — where the log has no figure)."""
+    say(c, "vLLM {} (from line formats{})".format(a.era.hint or "?", ", era " + a.era.name if a.era.name else ""))
+    facts = ["{} worker(s)".format(len(a.ranks))]
+    if a.kv_cache_tokens is not None:
+        facts.append("GPU KV cache {:,} tokens".format(a.kv_cache_tokens))
+    if a.gpu_blocks is not None:
+        facts.append("{:,} GPU blocks".format(a.gpu_blocks))
+    if a.max_concurrency:
+        facts.append("max concurrency {:.2f}x at {:,} tokens".format(a.max_concurrency["times"],
+                                                                     a.max_concurrency["tokens_per_request"]))
+    say(c, " · ".join(facts), indent=2)
+    for p in a.problems:
+        say(c, "! {}: {}".format(p.code, p.message), indent=2, style="yellow")
+    if a.ranks:
+        columns = [Col("worker", priority=40, give=NOTES), Col("u", "right")] + [
+            Col(label, "right") for label, _ in COLUMNS]
+        rows = [[w.rank or "(no prefix)", "—" if w.gpu_memory_utilization is None else
+                 "{:g}".format(w.gpu_memory_utilization)] + [gib_cell(getattr(w, key)) for _, key in COLUMNS]
+                for w in a.ranks]
+        print_table(c, "Memory per worker (GiB)", columns, rows)
