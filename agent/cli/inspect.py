@@ -271,7 +271,7 @@ def _remote_entry(r: HostResult) -> Entry:
     for note in r.notes:
         sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
     target = "ssh:" + r.target
-    if r.snapshot is None:  # reported once, in the table or the JSON, not again on stderr
+    if r.snapshot is None:  # said when rendering: in the JSON or the oneline row, else on stderr
         code, message = r.problem or ("ssh.error", "failed")
         return (target, None, TargetFailure(target, r.status, code, message))
     return (target, r.snapshot, None)
@@ -317,7 +317,7 @@ def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> O
 
 def _render(settings: InspectSettings, results: List[Result]) -> None:
     """JSON, or the fleet table (several targets) and full reports (one target, or --detail); then, on
-    stderr, the targets that gave nothing."""
+    stderr, the targets that failed or gave nothing."""
     from reports.terminal import render_oneline, sort_results
 
     results = sort_results(results, settings.sort)
@@ -344,9 +344,21 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
             sys.stdout.write(terminal.render_fleet(results, color=use_color(settings.color), width=width))
         if detailed:
             sys.stdout.write(terminal.render_inspections(detailed, color=use_color(settings.color), width=width))
+    if settings.fmt in ("terminal", "markdown"):
+        _say_failures(results)
     empty = _collected_nothing(inspections)
     if empty:
         sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(", ".join(empty)))
+
+
+def _say_failures(results: List[Result]) -> None:
+    """One line on stderr per target that could not be collected. JSON and oneline carry these in their own
+    rows; a report has no place for them, and one failed host alone would otherwise print nothing at all. The
+    fleet table shows them too, but may cut the message (the fingerprint, the ssh-keygen line) to the width."""
+    for r in results:
+        if isinstance(r, TargetFailure):
+            message = " ".join(r.message.split())  # one line, whatever the host or paramiko said
+            sys.stderr.write("kvforensics: {}: {}: {}\n".format(r.target.split(":", 1)[-1], r.status, message))
 
 
 def _exit_code(settings: InspectSettings, results: List[Result]) -> int:
