@@ -288,7 +288,7 @@ def authenticate(transport: paramiko.Transport, spec: HostSpec, interactive: boo
         except paramiko.AuthenticationException:
             continue
         except paramiko.SSHException as exc:
-            raise SshError("auth_failed", "{}@{}: {}".format(spec.user, spec.hostname, exc)) from None
+            raise SshError("auth_failed", "{}@{}: {}".format(spec.user, spec.known_hosts_name, exc)) from None
         if transport.is_authenticated():
             return
     tried = ", ".join("{} {}".format(names.get(k.get_base64(), "agent key"), fingerprint(k)) for k in candidates)

@@ -9,7 +9,10 @@ import re
 from typing import List, Sequence
 
 MAX_EXPANDED_HOSTS = 10000
-_BRACKETS = re.compile(r"\[([^\[\]]*)\]")  # pdsh/ClusterShell: gpu-[01-64,70]
+# pdsh/ClusterShell: gpu-[01-64,70]. A range never holds ':', so [::1] and [fe80::1%eth0] are IPv6
+# literals (OpenSSH's [v6addr]:port), kept as typed.
+_BRACKETS = re.compile(r"\[([^\[\]:]*)\]")
+_V6_LITERAL = re.compile(r"\[[^\[\]]*:[^\[\]]*\]")
 _BRACES = re.compile(r"\{([^{}]*)\}")  # bash: gpu-{01..64}, {a,b}
 
 
@@ -28,7 +31,7 @@ def expand_targets(names: Sequence[str]) -> List[str]:
 def _expand(name: str) -> List[str]:
     m = _BRACKETS.search(name) or _BRACES.search(name)
     if m is None:
-        if any(c in name for c in "[]{}"):
+        if any(c in _V6_LITERAL.sub("", name) for c in "[]{}"):
             raise ValueError("{!r}: unbalanced brackets or braces in a host range".format(name))
         return [name]
     body = m.group(1)
