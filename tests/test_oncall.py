@@ -13,6 +13,28 @@ from tests.conftest import ROOT, run_cli
 SEED_NODE = str(ROOT / "examples" / "seed-node.json")
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["inspect", "--engine", "70000", "--from", SEED_NODE], "--engine takes the server's port, 1–65535, not 70000"),
+    (["inspect", "--engine", "0"], "--engine takes the server's port, 1–65535, not 0"),
+    (["record", "--engine", "65536", "--db", "/nonexistent/h.db"],
+     "--engine takes the server's port, 1–65535, not 65536"),
+    (["inspect", "root@gpu-07:70000"], "root@gpu-07:70000: port '70000' is not 1–65535"),
+    (["inspect", "gpu-01", "gpu-02:0"], "gpu-02:0: port '0' is not 1–65535"),  # before gpu-01 is contacted
+    (["inspect", "[::1]:99999"], "[::1]:99999: port '99999' is not 1–65535"),
+    (["inspect", "gpu-[1-2]:70000"], "gpu-1:70000: port '70000' is not 1–65535"),
+])
+def test_impossible_ports_are_usage_errors(argv, line):
+    code, out, err = run_cli(argv)
+    assert (code, out, err) == (2, "", "kvforensics: error: {}\n".format(line))
+
+
+def test_an_impossible_port_in_a_hosts_file_is_a_usage_error(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("gpu-01\nroot@gpu-02:123456  # typo\n")
+    code, out, err = run_cli(["inspect", "--hosts-file", str(hosts)])
+    assert (code, err) == (2, "kvforensics: error: root@gpu-02:123456: port '123456' is not 1–65535\n")
+
+
 def test_ipv6_targets_stay_bracketed():
     """[::1]:PORT is OpenSSH's IPv6 form, not a pdsh range of one host named '::1'."""
     from agent.targets import expand_targets

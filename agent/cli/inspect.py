@@ -183,7 +183,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
     """The hosts named as arguments, then those in --hosts-file, with host ranges expanded."""
-    from agent.targets import expand_targets, read_hosts_file
+    from agent.targets import expand_targets, read_hosts_file, split_target
 
     names = list(targets or [])
     if hosts_file:
@@ -192,9 +192,13 @@ def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> Li
         except OSError as exc:
             raise UsageProblem("--hosts-file {}: {}".format(hosts_file, exc.strerror or exc)) from None
     try:
-        return expand_targets(names)
+        expanded = expand_targets(names)
+        for name in expanded:  # a typo'd port is the command line's fault: said before any host is contacted
+            if name not in LOCAL_NAMES:
+                split_target(name)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from None
+    return expanded
 
 
 def _collect(settings: InspectSettings) -> List[Entry]:
