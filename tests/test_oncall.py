@@ -35,6 +35,25 @@ def test_an_impossible_port_in_a_hosts_file_is_a_usage_error(tmp_path):
     assert (code, err) == (2, "kvforensics: error: root@gpu-02:123456: port '123456' is not 1–65535\n")
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "86401", "nan", "inf"])
+def test_timeout_says_the_range_it_accepts(value):
+    code, out, err = run_cli(["inspect", "--from", SEED_NODE, "--timeout", value])
+    shown = "{:g}".format(float(value))
+    assert (code, err) == (2, "kvforensics: error: --timeout must be more than 0 and at most 86400 seconds, "
+                              "not {}\n".format(shown))
+
+
+@pytest.mark.parametrize("value", ["0.5", "86400"])
+def test_timeout_inside_the_range_is_taken(value):
+    code, out, err = run_cli(["inspect", "--from", SEED_NODE, "--timeout", value, "--format", "oneline"])
+    assert code == 1 and err == ""
+
+
+def test_parallel_out_of_range_is_said_alone():
+    code, out, err = run_cli(["inspect", "--from", SEED_NODE, "--parallel", "0"])
+    assert (code, err) == (2, "kvforensics: error: --parallel must be 1–1024, not 0\n")
+
+
 def test_ipv6_targets_stay_bracketed():
     """[::1]:PORT is OpenSSH's IPv6 form, not a pdsh range of one host named '::1'."""
     from agent.targets import expand_targets

@@ -98,7 +98,7 @@ def inspect(
                                                               "first), host, or status (failures first).")] = None,
     timeout: Annotated[float, typer.Option("--timeout",
                                            help="Deadline per host, in seconds (connect, authenticate, "
-                                                "probe).")] = 30.0,
+                                                "probe): more than 0, at most 86400.")] = 30.0,
     color: Color = None,
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
@@ -160,8 +160,10 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)
     opts = analysis_options(margin, request_tokens)
-    if not 1 <= parallel <= 1024 or not 0 < timeout <= 86400:  # also NaN and infinity
-        raise UsageProblem("--parallel must be 1–1024 and --timeout 0–86400 seconds")
+    if not 1 <= parallel <= 1024:
+        raise UsageProblem("--parallel must be 1–1024, not {}".format(parallel))
+    if not 0 < timeout <= 86400:  # also NaN and infinity; 0 is not "no deadline": a silent host would hang the run
+        raise UsageProblem("--timeout must be more than 0 and at most 86400 seconds, not {:g}".format(timeout))
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
     if sort is not None and sort not in ("unused", "host", "status"):
