@@ -5,6 +5,8 @@ bare command, IPv6 hosts as typed, analyze's oneline, and the probe's own answer
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -52,6 +54,15 @@ def test_timeout_inside_the_range_is_taken(value):
 def test_parallel_out_of_range_is_said_alone():
     code, out, err = run_cli(["inspect", "--from", SEED_NODE, "--parallel", "0"])
     assert (code, err) == (2, "kvforensics: error: --parallel must be 1–1024, not 0\n")
+
+
+def test_bare_command_prints_the_help_plainly():
+    code, out, err = run_cli([])
+    assert code == 2 and err == ""
+    assert out.startswith("Usage: kvforensics [OPTIONS] COMMAND [ARGS]...\n")
+    assert out == run_cli(["--help"])[1]  # the help itself, no "error:" before it
+    proc = subprocess.run([sys.executable, "-m", "agent"], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (2, "") and proc.stdout == out
 
 
 def test_ipv6_targets_stay_bracketed():
