@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, SEED_LOG, run_cli
 
 SEED_NODE = str(ROOT / "examples" / "seed-node.json")
 
@@ -88,3 +88,19 @@ def test_an_ipv6_host_is_shown_with_its_port_bracketed():
         code, out, err = run_cli(["inspect", target, "--timeout", "20"])
     assert (code, out, err) == (3, "", "kvforensics: {}: unreachable: [::1]:{}: Connection refused\n".format(
         target, port))
+
+
+def test_analyze_oneline_is_one_line_under_inspects_header():
+    code, out, err = run_cli(["analyze", str(SEED_LOG), "--format", "oneline"])
+    inspect_header = run_cli(["inspect", "--from", SEED_NODE, "--format", "oneline"])[1].splitlines()[0]
+    assert code == 1 and err == ""
+    assert out.splitlines() == [inspect_header, "\t".join([
+        str(SEED_LOG), "ok", "8", "SGLang 0.5.6–0.5.8", "Kimi-K2.5-INT4", "159,277", "3.31",
+        "warning draft_in_reserve"])]
+
+
+def test_analyze_oneline_of_a_vllm_log():
+    log = str(ROOT / "examples" / "vllm-v0-complete.log")
+    code, out, err = run_cli(["analyze", log, "--format", "oneline", "--fail-on", "never"])
+    assert code == 0 and out.splitlines()[1] == "\t".join([
+        log, "ok", "1", "vLLM V0 0.7.3–0.10.2", "—", "—", "13.20", "warning unused_gpu_memory"])
