@@ -4,6 +4,8 @@ bare command, IPv6 hosts as typed, analyze's oneline, and the probe's own answer
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, SEED_LOG, run_cli
+from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
 SEED_NODE = str(ROOT / "examples" / "seed-node.json")
 
@@ -104,3 +107,41 @@ def test_analyze_oneline_of_a_vllm_log():
     code, out, err = run_cli(["analyze", log, "--format", "oneline", "--fail-on", "never"])
     assert code == 0 and out.splitlines()[1] == "\t".join([
         log, "ok", "1", "vLLM V0 0.7.3–0.10.2", "—", "—", "13.20", "warning unused_gpu_memory"])
+
+
+@pytest.fixture
+def probe_answer(tmp_path):
+    """What a reviewer gets running `kvforensics probe -o` by hand on a (fake) node, login noise included."""
+    build_fake_nvml()
+    script = tmp_path / "probe.py"
+    assert run_cli(["probe", "-o", str(script)])[0] == 0
+    with FakeNode(tmp_path / "node") as node:
+        env = dict(os.environ, FAKE_NVML_SCENARIO=str(node.scenario), LD_LIBRARY_PATH=str(FAKE_LIB.parent))
+        proc = subprocess.run([sys.executable, "-I", "-"], input=script.read_bytes(), capture_output=True, env=env,
+                              timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answer = tmp_path / "answer.txt"
+    answer.write_bytes(b"Welcome to gpu-07 \xa9 ACME\n" + proc.stdout + b"logout\n")  # a Latin-1 motd, even
+    return answer
+
+
+def test_from_reads_the_probes_own_answer(probe_answer):
+    code, out, err = run_cli(["inspect", "--from", str(probe_answer), "--json", "--fail-on", "never"])
+    (t,) = json.loads(out)["targets"]
+    assert code == 0 and t["target"] == "bundle:{}".format(probe_answer)
+    assert len(t["gpus"]) == 8 and t["gpus"][0]["name"].startswith("NVIDIA RTX PRO 6000")
+
+
+@pytest.mark.parametrize("change, line", [
+    (('"checksum":"', '"checksum":"0'), "the probe's snapshot failed its checksum"),
+    (('"version":1', '"version":9'), "the probe answered protocol version 9, expected 1"),
+    (('"code_sha256":"', '"code_sha256":"f'), "the probe that printed this is not the one this kvforensics ships "
+                                               "(another version?): run the one `kvforensics probe -o FILE` writes"),
+])
+def test_from_verifies_the_probes_answer_as_over_ssh(probe_answer, change, line):
+    raw = probe_answer.read_bytes()
+    old, new = change[0].encode(), change[1].encode()
+    assert old in raw
+    probe_answer.write_bytes(raw.replace(old, new, 1))
+    code, out, err = run_cli(["inspect", "--from", str(probe_answer)])
+    assert (code, out, err) == (2, "", "kvforensics: error: {}: {}\n".format(probe_answer, line))

@@ -79,7 +79,8 @@ def inspect(
                                                 help="Also write everything collected to this JSON evidence bundle "
                                                      "(one target).")] = None,
     from_file: Annotated[Optional[str], typer.Option("--from",
-                                                     help="Analyse an evidence bundle written by --save instead of a "
+                                                     help="Analyse an evidence bundle written by --save, or the "
+                                                          "probe's own output (KVF-PROBE …), instead of a "
                                                           "host.")] = None,
     http: Http = True,
     ssh_config: Annotated[Optional[str], typer.Option("--ssh-config",
