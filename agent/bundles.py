@@ -1,4 +1,5 @@
-"""Evidence bundles: a snapshot saved as one JSON file, to re-analyse anywhere (``inspect --from``).
+"""Evidence bundles: a snapshot saved as one JSON file, to re-analyse anywhere (``inspect --from``);
+``--from`` also reads the probe's own answer, verified.
 
 A bundle holds what was collected (raw NVML answers, process excerpts with secrets redacted,
 the startup's log lines, the model config, live metrics), not conclusions: a newer kvforensics
@@ -12,6 +13,7 @@ import os
 import tempfile
 from typing import Any, Dict
 
+from collectors.probe import MARKER
 from collectors.snapshot import SCHEMA
 
 
@@ -51,6 +53,8 @@ def load(path: str) -> Dict[str, Any]:
         raise BundleError("{}: cannot read: {}".format(path, exc)) from None
     if len(raw) > MAX_BUNDLE_BYTES:
         raise BundleError("{}: larger than {} MiB: not a kvforensics bundle".format(path, MAX_BUNDLE_BYTES >> 20))
+    if any(line.startswith(MARKER.encode()) for line in raw.splitlines()):  # noise around it may be any bytes
+        return _probe_answer(path, raw)
     try:
         data = evidence.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -64,3 +68,18 @@ def load(path: str) -> Dict[str, Any]:
     except evidence.EvidenceError as exc:
         raise BundleError("{}: not a valid kvforensics bundle: {}".format(path, exc)) from None
     return data
+
+
+def _probe_answer(path: str, raw: bytes) -> Dict[str, Any]:
+    """What ``kvforensics probe -o FILE`` printed when run by hand (``KVF-PROBE {…}``, login noise around it
+    allowed), verified as an SSH host's answer is: protocol version, the sha256 of the code that ran (this
+    kvforensics's probe), the snapshot's checksum and the snapshot schema."""
+    from agent import probe
+
+    try:
+        return probe.parse_answer(raw, probe.build({}))
+    except probe.ProbeError as exc:
+        if exc.code == "probe.code_mismatch":
+            raise BundleError("{}: the probe that printed this is not the one this kvforensics ships (another "
+                              "version?): run the one `kvforensics probe -o FILE` writes".format(path)) from None
+        raise BundleError("{}: {}".format(path, exc.message)) from None

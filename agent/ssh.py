@@ -32,6 +32,8 @@ from typing import List, Optional, Tuple
 
 import paramiko
 
+from agent.targets import port_number, split_target
+
 # paramiko logs transport errors itself; kvforensics reports each host's failure in one line.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)
 
@@ -73,27 +75,17 @@ _HOSTNAME = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|[0-9A-Fa-f:.]
 
 
 def _port(text: str, where: str) -> int:
-    """A TCP port, 1–65535: 99999 must not wrap to another port, nor 0 become 22."""
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise SshError("error", "{}: port {!r} is not 1–65535".format(where, text))
-    return int(text)
+    try:
+        return port_number(text, where)
+    except ValueError as exc:
+        raise SshError("error", str(exc)) from None
 
 
 def _split_target(target: str) -> Tuple[Optional[str], str, Optional[int]]:
-    user = None
-    rest = target
-    if "@" in rest:
-        user, rest = rest.rsplit("@", 1)
-    port = None
-    if rest.startswith("["):  # [::1]:2222
-        host, _, tail = rest[1:].partition("]")
-        if tail.startswith(":"):
-            port = _port(tail[1:], target)
-        return user, host, port
-    if rest.count(":") == 1:
-        host, _, p = rest.partition(":")
-        return user, host, _port(p, target)
-    return user, rest, port
+    try:
+        return split_target(target)
+    except ValueError as exc:
+        raise SshError("error", str(exc)) from None
 
 
 def load_config(path: Optional[str]) -> paramiko.SSHConfig:
@@ -288,7 +280,7 @@ def authenticate(transport: paramiko.Transport, spec: HostSpec, interactive: boo
         except paramiko.AuthenticationException:
             continue
         except paramiko.SSHException as exc:
-            raise SshError("auth_failed", "{}@{}: {}".format(spec.user, spec.hostname, exc)) from None
+            raise SshError("auth_failed", "{}@{}: {}".format(spec.user, spec.known_hosts_name, exc)) from None
         if transport.is_authenticated():
             return
     tried = ", ".join("{} {}".format(names.get(k.get_base64(), "agent key"), fingerprint(k)) for k in candidates)

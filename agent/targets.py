@@ -6,10 +6,13 @@ Kept apart from the SSH fleet (paramiko costs ~150 ms to import) so naming hosts
 from __future__ import annotations
 
 import re
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 MAX_EXPANDED_HOSTS = 10000
-_BRACKETS = re.compile(r"\[([^\[\]]*)\]")  # pdsh/ClusterShell: gpu-[01-64,70]
+# pdsh/ClusterShell: gpu-[01-64,70]. A range never holds ':', so [::1] and [fe80::1%eth0] are IPv6
+# literals (OpenSSH's [v6addr]:port), kept as typed.
+_BRACKETS = re.compile(r"\[([^\[\]:]*)\]")
+_V6_LITERAL = re.compile(r"\[[^\[\]]*:[^\[\]]*\]")
 _BRACES = re.compile(r"\{([^{}]*)\}")  # bash: gpu-{01..64}, {a,b}
 
 
@@ -28,7 +31,7 @@ def expand_targets(names: Sequence[str]) -> List[str]:
 def _expand(name: str) -> List[str]:
     m = _BRACKETS.search(name) or _BRACES.search(name)
     if m is None:
-        if any(c in name for c in "[]{}"):
+        if any(c in _V6_LITERAL.sub("", name) for c in "[]{}"):
             raise ValueError("{!r}: unbalanced brackets or braces in a host range".format(name))
         return [name]
     body = m.group(1)
@@ -66,3 +69,27 @@ def read_hosts_file(path: str) -> List[str]:
             if line:
                 hosts.append(line)
     return hosts
+
+
+def port_number(text: str, where: str) -> int:
+    """A TCP port, 1–65535: 99999 must not wrap to another port, nor 0 become 22. ValueError says why."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError("{}: port {!r} is not 1–65535".format(where, text))
+    return int(text)
+
+
+def split_target(target: str) -> Tuple[Optional[str], str, Optional[int]]:
+    """``user@host[:port]``, ``[v6addr]:port`` or an ssh config alias: (user, host, port), None where not
+    typed. Checked before anything is contacted, so a bad port is a usage error, not a failed host."""
+    user = None
+    rest = target
+    if "@" in rest:
+        user, rest = rest.rsplit("@", 1)
+    if rest.startswith("["):  # [::1]:2222
+        host, _, tail = rest[1:].partition("]")
+        return user, host, port_number(tail[1:], target) if tail.startswith(":") else None
+    if rest.count(":") == 1:  # two or more: a bare IPv6 address, whose port cannot be told apart
+        host, _, port = rest.partition(":")
+        return user, host, port_number(port, target)
+    return user, rest, None
+

@@ -502,9 +502,14 @@ def test_a_v0_banner_is_read():
 
 
 def test_a_port_that_runs_no_server_is_said_so(tmp_path, fake_lib, monkeypatch):
-    with FakeVllmNode(tmp_path, tp=2) as n:
+    """The port asked for is one this test holds bound (never listening) for the whole test: no fake
+    server of a concurrent run can be started on it (the fake SGLang node takes --port 1)."""
+    import socket
+
+    with socket.socket() as held, FakeVllmNode(tmp_path, tp=2) as n:
+        held.bind(("127.0.0.1", 0))
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
-        t = _inspect("--engine", "1")
+        t = _inspect("--engine", str(held.getsockname()[1]))
         port = n.port
     f = _codes(t)["engine_not_found"]
     assert f["severity"] == "warning" and str(port) in f["detail"] and "pass --engine" in t["verdict"]["action"]

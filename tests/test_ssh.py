@@ -75,7 +75,11 @@ def env(tmp_path, server, jump, no_python, keys):
         "nopython": _host(no_python, keys["client"], known),
         "strangerhost": _host(server, keys["client"], tmp_path / "empty_known_hosts"),
         "acceptnew": _host(server, keys["client"], tmp_path / "new_known_hosts", StrictHostKeyChecking="accept-new"),
+        "changedkey": _host(server, keys["client"], tmp_path / "changed_known_hosts"),
     })
+    # changedkey's own known_hosts records another key for the server (the stranger's), so "node" stays good
+    kind, b64 = Path(str(keys["stranger"]) + ".pub").read_text().split()[0:2]
+    (tmp_path / "changed_known_hosts").write_text("[127.0.0.1]:{} {} {}\n".format(server.port, kind, b64))
     return {"config": cfg, "known": known, "dir": tmp_path}
 
 
@@ -286,7 +290,10 @@ def test_fleet_summary_and_hosts_file(env, tmp_path):
     for host in ("node", "node2", "wrongkey"):
         assert host in out
     assert "auth_failed" in out
-    assert "auth_failed" not in err  # a down host is reported once: in the table, not again on stderr
+    # the table may cut a failure's message to the width: the whole of it is one line on stderr
+    assert [line for line in err.splitlines() if "auth_failed" in line] == [
+        line for line in err.splitlines() if line.startswith("kvforensics: wrongkey: auth_failed: ")]
+    assert err.count("auth_failed") == 1
     code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--hosts-file", str(hosts), "--no-http",
                               "--json"])
     doc = json.loads(out)
@@ -469,3 +476,84 @@ def test_a_host_that_floods_stdout_is_cut_off(env, tmp_path):
     finally:
         ssh.MAX_STDOUT_BYTES = old
     assert "more than 1 MiB" in exc.value.message
+
+
+# --- every failure is said (On call) ------------------------------------------------------------------
+
+def _fingerprint(pub: Path) -> str:
+    import base64
+    import hashlib
+
+    blob = base64.b64decode(pub.read_text().split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+@pytest.fixture
+def closed_ports():
+    """Ports bound here and never listened on, held for the whole test: a connection is refused, and no
+    server (another copy of the suite's sshd) can take them meanwhile."""
+    held = []
+
+    def take() -> int:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        held.append(s)
+        return s.getsockname()[1]
+
+    yield take
+    for s in held:
+        s.close()
+
+
+def _failure(kind, env, server, keys, closed_ports):
+    """(target as typed, status, the whole one-line message) of each kind of failed host."""
+    name = "[127.0.0.1]:{}".format(server.port)
+    if kind == "closed port":
+        port = closed_ports()
+        return "{}@127.0.0.1:{}".format(USER, port), "unreachable", "[127.0.0.1]:{}: Connection refused".format(port)
+    if kind == "unknown host key":
+        return "strangerhost", "host_key_refused", (
+            "{} is not a known host (ssh-ed25519 key {}). Check the fingerprint, then accept it with "
+            "--accept-new-host-keys (or StrictHostKeyChecking accept-new)").format(
+                name, _fingerprint(Path(str(server.host_key) + ".pub")))
+    if kind == "changed host key":
+        return "changedkey", "host_key_refused", (
+            "WARNING: the host key of {} has CHANGED (now ssh-ed25519 {}). Someone may be intercepting the "
+            "connection (man-in-the-middle), or the host was reinstalled. Refused whatever the options; if the "
+            "change is expected, remove the old key: ssh-keygen -f '{}' -R '{}'").format(
+                name, _fingerprint(Path(str(server.host_key) + ".pub")), env["dir"] / "changed_known_hosts", name)
+    assert kind == "wrong key"
+    return "wrongkey", "auth_failed", (
+        "{}@{}: no key was accepted (tried {} {}). Choose the user with user@host or User, the key with "
+        "--identity FILE or IdentityFile in the ssh config").format(
+            USER, name, keys["stranger"], _fingerprint(Path(str(keys["stranger"]) + ".pub")))
+
+
+FAILURE_KINDS = ("closed port", "unknown host key", "changed host key", "wrong key")
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one target", "several targets"])
+@pytest.mark.parametrize("fmt", ["terminal", "markdown", "oneline", "json"])
+@pytest.mark.parametrize("kind", FAILURE_KINDS)
+def test_every_failed_target_is_said_in_one_line(env, server, keys, closed_ports, kind, fmt, several):
+    """One failed host alone used to print nothing at all (exit 3) in terminal and markdown output. Now each
+    failed target is one line: on stderr beside a report, in the row (oneline) or the document (JSON)."""
+    failures = [_failure(kind, env, server, keys, closed_ports)]
+    if several:
+        failures.append(_failure("closed port", env, server, keys, closed_ports))
+    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "20", "--no-http",
+                              "--no-color", "--format", fmt] + [target for target, _, _ in failures])
+    assert code == 3, err
+    lines = ["kvforensics: {}: {}: {}".format(*f) for f in failures]
+    if fmt in ("terminal", "markdown"):
+        assert err.splitlines() == lines
+        assert (out == "") is (not several)  # one target: no table; several: the table, and the lines above
+    elif fmt == "oneline":
+        assert err == ""
+        rows = [row.split("\t") for row in out.splitlines()[1:]]
+        assert [(r[0], r[1], r[-1]) for r in rows] == failures
+    else:
+        assert err == ""
+        targets = json.loads(out)["targets"]
+        assert [(t["target"], t["status"], t["problems"][0]["message"]) for t in targets] == [
+            ("ssh:" + target, status, message) for target, status, message in failures]

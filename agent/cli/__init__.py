@@ -105,13 +105,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         return exitcodes.EXIT_OK
     except Exception as exc:  # noqa: BLE001 — the one place that turns bugs into exit 4
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's UsageError family
-            sys.stderr.write("kvforensics: error: {}\n".format(exc.format_message()))
-            return exitcodes.EXIT_USAGE
+            return _usage_error(exc)
         if os.environ.get("KVFORENSICS_DEBUG"):
             raise
         sys.stderr.write("kvforensics: internal error: {}: {} (rerun with KVFORENSICS_DEBUG=1 for a "
                          "traceback, and please report it)\n".format(type(exc).__name__, exc))
         return exitcodes.EXIT_INTERNAL
+
+
+def _usage_error(exc: Exception) -> int:
+    """Exit 2 with click's one-line message; bare ``kvforensics`` gets the help itself, plainly on stdout
+    (it is what was wanted, not an error to read), and still exits 2: no command ran, which a script
+    that lost its arguments must notice. Matched by name, as typer does: typer may vendor click."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        sys.stdout.write(exc.format_message().rstrip("\n") + "\n")  # type: ignore[attr-defined]
+    else:
+        sys.stderr.write("kvforensics: error: {}\n".format(exc.format_message()))  # type: ignore[attr-defined]
+    return exitcodes.EXIT_USAGE
 
 
 def entry() -> None:

@@ -72,6 +72,10 @@ def analyze(
     analysis = analyze_startup(excerpt.startup, target, opts, excerpt.index, excerpt.count, excerpt.notes)
     if fmt == "json":
         sys.stdout.write(json_report.render([analysis]))
+    elif fmt == "oneline":
+        from reports import oneline
+
+        sys.stdout.write(oneline.render_analyses([analysis]))
     elif fmt == "markdown":
         from reports import markdown
 

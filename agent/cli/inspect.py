@@ -79,7 +79,8 @@ def inspect(
                                                 help="Also write everything collected to this JSON evidence bundle "
                                                      "(one target).")] = None,
     from_file: Annotated[Optional[str], typer.Option("--from",
-                                                     help="Analyse an evidence bundle written by --save instead of a "
+                                                     help="Analyse an evidence bundle written by --save, or the "
+                                                          "probe's own output (KVF-PROBE …), instead of a "
                                                           "host.")] = None,
     http: Http = True,
     ssh_config: Annotated[Optional[str], typer.Option("--ssh-config",
@@ -98,7 +99,7 @@ def inspect(
                                                               "first), host, or status (failures first).")] = None,
     timeout: Annotated[float, typer.Option("--timeout",
                                            help="Deadline per host, in seconds (connect, authenticate, "
-                                                "probe).")] = 30.0,
+                                                "probe): more than 0, at most 86400.")] = 30.0,
     color: Color = None,
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
@@ -160,8 +161,10 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)
     opts = analysis_options(margin, request_tokens)
-    if not 1 <= parallel <= 1024 or not 0 < timeout <= 86400:  # also NaN and infinity
-        raise UsageProblem("--parallel must be 1–1024 and --timeout 0–86400 seconds")
+    if not 1 <= parallel <= 1024:
+        raise UsageProblem("--parallel must be 1–1024, not {}".format(parallel))
+    if not 0 < timeout <= 86400:  # also NaN and infinity; 0 is not "no deadline": a silent host would hang the run
+        raise UsageProblem("--timeout must be more than 0 and at most 86400 seconds, not {:g}".format(timeout))
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
     if sort is not None and sort not in ("unused", "host", "status"):
@@ -183,7 +186,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
     """The hosts named as arguments, then those in --hosts-file, with host ranges expanded."""
-    from agent.targets import expand_targets, read_hosts_file
+    from agent.targets import expand_targets, read_hosts_file, split_target
 
     names = list(targets or [])
     if hosts_file:
@@ -192,9 +195,13 @@ def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> Li
         except OSError as exc:
             raise UsageProblem("--hosts-file {}: {}".format(hosts_file, exc.strerror or exc)) from None
     try:
-        return expand_targets(names)
+        expanded = expand_targets(names)
+        for name in expanded:  # a typo'd port is the command line's fault: said before any host is contacted
+            if name not in LOCAL_NAMES:
+                split_target(name)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from None
+    return expanded
 
 
 def _collect(settings: InspectSettings) -> List[Entry]:
@@ -271,7 +278,7 @@ def _remote_entry(r: HostResult) -> Entry:
     for note in r.notes:
         sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
     target = "ssh:" + r.target
-    if r.snapshot is None:  # reported once, in the table or the JSON, not again on stderr
+    if r.snapshot is None:  # said when rendering: in the JSON or the oneline row, else on stderr
         code, message = r.problem or ("ssh.error", "failed")
         return (target, None, TargetFailure(target, r.status, code, message))
     return (target, r.snapshot, None)
@@ -317,7 +324,7 @@ def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> O
 
 def _render(settings: InspectSettings, results: List[Result]) -> None:
     """JSON, or the fleet table (several targets) and full reports (one target, or --detail); then, on
-    stderr, the targets that gave nothing."""
+    stderr, the targets that failed or gave nothing."""
     from reports.terminal import render_oneline, sort_results
 
     results = sort_results(results, settings.sort)
@@ -344,9 +351,21 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
             sys.stdout.write(terminal.render_fleet(results, color=use_color(settings.color), width=width))
         if detailed:
             sys.stdout.write(terminal.render_inspections(detailed, color=use_color(settings.color), width=width))
+    if settings.fmt in ("terminal", "markdown"):
+        _say_failures(results)
     empty = _collected_nothing(inspections)
     if empty:
         sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(", ".join(empty)))
+
+
+def _say_failures(results: List[Result]) -> None:
+    """One line on stderr per target that could not be collected. JSON and oneline carry these in their own
+    rows; a report has no place for them, and one failed host alone would otherwise print nothing at all. The
+    fleet table shows them too, but may cut the message (the fingerprint, the ssh-keygen line) to the width."""
+    for r in results:
+        if isinstance(r, TargetFailure):
+            message = " ".join(r.message.split())  # one line, whatever the host or paramiko said
+            sys.stderr.write("kvforensics: {}: {}: {}\n".format(r.target.split(":", 1)[-1], r.status, message))
 
 
 def _exit_code(settings: InspectSettings, results: List[Result]) -> int:

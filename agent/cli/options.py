@@ -66,7 +66,17 @@ Http = Annotated[bool, typer.Option("--http/--no-http",
 Log = Annotated[Optional[str], typer.Option("--log",
                                             help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found "
                                                  "from the process).")]
-Engine = Annotated[Optional[int], typer.Option("--engine",
+
+
+def _engine_port(value: Optional[int]) -> Optional[int]:
+    """--engine, checked as it is parsed (inspect and record share it): a port no server can listen on
+    would only select nothing, far from the typo."""
+    if value is not None and not 1 <= value <= 65535:
+        raise UsageProblem("--engine takes the server's port, 1–65535, not {}".format(value))
+    return value
+
+
+Engine = Annotated[Optional[int], typer.Option("--engine", callback=_engine_port,
                                                help="Port of the inference server to explain when a node runs "
                                                     "several (default: the one holding most GPU memory).")]
 
