@@ -42,9 +42,18 @@ class EngineAnalysis(Protocol):
     recommendations: Tuple[Recommendation, ...]
     verdict: Optional[Any]
     summary: Any  # max_total_num_tokens, max_running_requests, context_len, source: what bounds concurrency
+    budget: Any  # cell_bytes: KV bytes per token, or None
+    ranks: Tuple[Any, ...]  # each with .rank and .target.kv_bytes (the KV pool the log gives it)
 
     @property
     def failed(self) -> Optional[Any]: ...  # noqa: E704 - the failure that ended the startup, if any
+
+    @property
+    def complete(self) -> bool: ...  # noqa: E704 - the startup reached its end: figures are "after startup"
+
+    def headroom(self) -> Tuple[Optional[int], str]: ...  # noqa: E704 - free bytes after startup, and its source
+
+    def kv_change(self, delta: int) -> Optional[Any]: ...  # noqa: E704 - the flag change that moves the KV budget
 
 
 @dataclass(frozen=True)
