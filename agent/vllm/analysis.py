@@ -546,7 +546,7 @@ def _failed_stage(cause: str, events: Tuple[LogEvent, ...], stages: List[str],
         return "unknown", "nothing in the log shows how far it got"
     if not stages:
         return "unknown", "the last stage the log shows (none, {})".format(where(last))
-    # It died in the stage after the last one it finished (a startup past 'ready' died capturing graphs).
+    # It died in the stage after the last one the log shows; the latest a startup can die in is graph capture.
     i = STAGES.index(stages[-1])
     return STAGES[min(i + 1, len(STAGES) - 2)], "the last stage the log shows ({}, {})".format(stages[-1], where(last))
 
