@@ -195,26 +195,77 @@ def _problems(section: Mapping[str, Any]) -> Tuple[Problem, ...]:
 
 def _process(d: Mapping[str, Any]) -> Process:
     container = d.get("container")
-    return Process(d["pid"], bool(d.get("missing")), tuple(d.get("cmdline") or ()), d.get("user"),
-                   "{}:{}".format(container["runtime"], container["id"][:12]) if container else None,
-                   d.get("start_time_s"), bool(d.get("in_other_namespace")))
+    return Process(pid=d["pid"], missing=bool(d.get("missing")), cmdline=tuple(d.get("cmdline") or ()),
+                   user=d.get("user"),
+                   container="{}:{}".format(container["runtime"], container["id"][:12]) if container else None,
+                   start_time_s=d.get("start_time_s"), other_namespace=bool(d.get("in_other_namespace")))
 
 
 def _gpu(d: Mapping[str, Any]) -> Gpu:
-    return Gpu(d["index"], d.get("status") or "ok", d.get("uuid"), d.get("name"), d.get("total_bytes"),
-               d.get("reserved_bytes"), d.get("used_bytes"), d.get("free_bytes"),
-               tuple(GpuProcessSeen(p["pid"], p.get("used_bytes")) for p in d.get("processes") or ()),
-               _problems(d))
+    return Gpu(index=d["index"], status=d.get("status") or "ok", uuid=d.get("uuid"), name=d.get("name"),
+               total_bytes=d.get("total_bytes"), reserved_bytes=d.get("reserved_bytes"), used_bytes=d.get("used_bytes"),
+               free_bytes=d.get("free_bytes"),
+               processes=tuple(GpuProcessSeen(pid=p["pid"], used_bytes=p.get("used_bytes"))
+                               for p in d.get("processes") or ()),
+               problems=_problems(d))
 
 
 def _engine(d: Mapping[str, Any]) -> Engine:
     from collectors.snapshot import engine_kind, engine_port
 
     server = d.get("server")
-    return Engine(_process(server) if server else None,
-                  tuple((_process(s), s["rank"]) for s in d.get("schedulers") or ()),
-                  tuple(_process(h) for h in d.get("helpers") or ()), dict(d.get("server_args") or {}),
-                  engine_port(d), d, engine_kind(d))
+    return Engine(server=_process(server) if server else None,
+                  workers=tuple((_process(s), s["rank"]) for s in d.get("schedulers") or ()),
+                  helpers=tuple(_process(h) for h in d.get("helpers") or ()),
+                  server_args=dict(d.get("server_args") or {}), port=engine_port(d), raw=d, kind=engine_kind(d))
+
+
+def _nvml(nv: Mapping[str, Any]) -> Nvml:
+    return Nvml(status=nv.get("status"), driver_version=nv.get("driver_version"),
+                gpus=tuple(_gpu(g) for g in nv.get("gpus") or ()), problems=_problems(nv))
+
+
+def _host_memory(hm: Mapping[str, Any]) -> HostMemory:
+    return HostMemory(status=hm.get("status"), total_bytes=hm.get("total_bytes"),
+                      available_bytes=hm.get("available_bytes"), swap_total_bytes=hm.get("swap_total_bytes"),
+                      swap_free_bytes=hm.get("swap_free_bytes"), cgroup_limit_bytes=hm.get("cgroup_limit_bytes"))
+
+
+def _engine_log(log: Mapping[str, Any]) -> EngineLog:
+    return EngineLog(status=log.get("status"), source=log.get("source"),
+                     lines=tuple(tuple(x) for x in log.get("lines") or ()),  # type: ignore[misc]
+                     index=log.get("index"), count=log.get("count"), notes=tuple(log.get("notes") or ()),
+                     problems=_problems(log), engine=log.get("engine"))
+
+
+def _engine_http(http: Mapping[str, Any]) -> EngineHttp:
+    cache_config = http.get("cache_config")
+    return EngineHttp(url=http.get("url"), metrics=dict(http.get("metrics") or {}),
+                      cache_config=dict(cache_config) if isinstance(cache_config, dict) else None)
+
+
+def _gpu_processes(document: Mapping[str, Any]) -> Dict[int, Process]:
+    """Every PID NVML reported, as the host's /proc describes it."""
+    listed = (document.get("gpu_processes") or {}).get("processes") or {}
+    return {int(k): _process(v) for k, v in listed.items()}
+
+
+def _collector_runs(document: Mapping[str, Any]) -> Tuple[CollectorRun, ...]:
+    return tuple(CollectorRun(name=r["name"], status=r["status"], duration_s=r.get("duration_s"))
+                 for r in document.get("collector_runs") or ())
+
+
+_SECTIONS = ("nvml", "host_memory", "engines", "engine_log", "model_config", "engine_http")
+
+
+def _all_problems(document: Mapping[str, Any]) -> Tuple[Problem, ...]:
+    """Every section's problems in section order, then the log reader's notes."""
+    problems = []
+    for key in _SECTIONS:
+        problems.extend(_problems(document.get(key) or {}))
+    log = document.get("engine_log") or {}
+    problems.extend(Problem("engine_log.reader", note) for note in log.get("notes") or ())
+    return tuple(problems)
 
 
 def parse(document: Any) -> Snapshot:
@@ -224,30 +275,15 @@ def parse(document: Any) -> Snapshot:
     if not isinstance(document, dict) or document.get("schema") != "kvforensics.snapshot/1":
         raise EvidenceError("not a kvforensics snapshot (expected schema kvforensics.snapshot/1)")
     check("snapshot", document)
-    nv = document["nvml"]
     engines_raw = (document.get("engines") or {}).get("engines") or []
     engines = tuple(_engine(e) for e in engines_raw)
     chosen = selected_engine(document)
-    selected = next((e for e, raw in zip(engines, engines_raw) if raw is chosen), None)
-    log = document.get("engine_log") or {}
     cfg = document.get("model_config") or {}
-    http = document.get("engine_http") or {}
-    hm = document.get("host_memory") or {}
-    problems = []
-    for key in ("nvml", "host_memory", "engines", "engine_log", "model_config", "engine_http"):
-        problems.extend(_problems(document.get(key) or {}))
-    problems.extend(Problem("engine_log.reader", note) for note in log.get("notes") or ())
     return Snapshot(
-        document.get("hostname"), document.get("taken_at_unix_s"),
-        Nvml(nv.get("status"), nv.get("driver_version"), tuple(_gpu(g) for g in nv.get("gpus") or ()), _problems(nv)),
-        HostMemory(hm.get("status"), hm.get("total_bytes"), hm.get("available_bytes"), hm.get("swap_total_bytes"),
-                   hm.get("swap_free_bytes"), hm.get("cgroup_limit_bytes")),
-        engines, selected,
-        {int(k): _process(v) for k, v in ((document.get("gpu_processes") or {}).get("processes") or {}).items()},
-        EngineLog(log.get("status"), log.get("source"), tuple(tuple(x) for x in log.get("lines") or ()),  # type: ignore[misc]
-                  log.get("index"), log.get("count"), tuple(log.get("notes") or ()), _problems(log), log.get("engine")),
-        cfg.get("config"), cfg.get("path"),
-        EngineHttp(http.get("url"), dict(http.get("metrics") or {}),
-                   dict(http["cache_config"]) if isinstance(http.get("cache_config"), dict) else None),
-        tuple(CollectorRun(r["name"], r["status"], r.get("duration_s")) for r in document.get("collector_runs") or ()),
-        tuple(problems), document)
+        hostname=document.get("hostname"), taken_at_unix_s=document.get("taken_at_unix_s"),
+        nvml=_nvml(document["nvml"]), host_memory=_host_memory(document.get("host_memory") or {}),
+        engines=engines, selected=next((e for e, raw in zip(engines, engines_raw) if raw is chosen), None),
+        processes=_gpu_processes(document), engine_log=_engine_log(document.get("engine_log") or {}),
+        model_config=cfg.get("config"), model_config_path=cfg.get("path"),
+        http=_engine_http(document.get("engine_http") or {}), collector_runs=_collector_runs(document),
+        problems=_all_problems(document), raw=document)

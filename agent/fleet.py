@@ -55,25 +55,32 @@ def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.
         stderr = result.stderr.decode("utf-8", "replace")[-4000:]
         if result.exit_status == 127 or (result.exit_status != 0 and any(s in result.stderr for s in _NO_PYTHON)
                                          and b"python3" in result.stderr):
-            return HostResult(target, "error", None, ("probe.python_not_found",
-                              "{}: no python3 there (kvforensics needs only python3 >= 3.8 on the host; nothing "
-                              "is installed)".format(target)), stderr, tuple(session.notes), result.bytes_sent, 1,
-                              time.monotonic() - start)
+            return HostResult(target=target, status="error", snapshot=None,
+                              problem=("probe.python_not_found",
+                                       "{}: no python3 there (kvforensics needs only python3 >= 3.8 on the host; "
+                                       "nothing is installed)".format(target)),
+                              stderr=stderr, notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=1,
+                              duration_s=time.monotonic() - start)
         try:
             snap = probe_mod.parse_answer(result.stdout, probe)
         except probe_mod.ProbeError as exc:
             last = stderr.strip().splitlines()[-1] if stderr.strip() else "no stderr"
-            return HostResult(target, "error", None, (exc.code, "{}: {} (exit {}; {})".format(
-                target, exc.message, result.exit_status, last)), stderr, tuple(session.notes), result.bytes_sent, 1,
-                time.monotonic() - start)
-        return HostResult(target, "ok", snap, None, stderr, tuple(session.notes), result.bytes_sent, 1,
-                          time.monotonic() - start)
+            return HostResult(target=target, status="error", snapshot=None,
+                              problem=(exc.code, "{}: {} (exit {}; {})".format(
+                                  target, exc.message, result.exit_status, last)), stderr=stderr,
+                              notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=1,
+                              duration_s=time.monotonic() - start)
+        return HostResult(target=target, status="ok", snapshot=snap, problem=None, stderr=stderr,
+                          notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=1,
+                          duration_s=time.monotonic() - start)
     except ssh.SshError as exc:
-        return HostResult(target, exc.status, None, ("ssh." + exc.status, exc.message), "",
-                          tuple(session.notes) if session else (), 0, 0, time.monotonic() - start)
+        return HostResult(target=target, status=exc.status, snapshot=None, problem=("ssh." + exc.status, exc.message),
+                          stderr="", notes=tuple(session.notes) if session else (), bytes_sent=0, round_trips=0,
+                          duration_s=time.monotonic() - start)
     except Exception as exc:  # noqa: BLE001 - one host's surprise must not end the sweep
-        return HostResult(target, "error", None, ("ssh.error", "{}: {}: {}".format(target, type(exc).__name__, exc)),
-                          "", (), 0, 0, time.monotonic() - start)
+        return HostResult(target=target, status="error", snapshot=None,
+                          problem=("ssh.error", "{}: {}: {}".format(target, type(exc).__name__, exc)), stderr="",
+                          notes=(), bytes_sent=0, round_trips=0, duration_s=time.monotonic() - start)
     finally:
         if session is not None:
             session.close()

@@ -34,9 +34,11 @@ def verdict(analysis: Optional[Any], live: bool, findings: Sequence[Finding],
     if action == NO_ACTION and analysis is None:
         action = NO_ENGINE_ACTION
     if key is None:
-        return Verdict(question(analysis, live), "nothing to report: no finding", "", action, None, index)
-    return Verdict(question(analysis, live), _sentence(key.title), key.proof or _first_sentence(key.detail), action,
-                   key.code, index)
+        return Verdict(question=question(analysis, live), cause="nothing to report: no finding", proof="",
+                       action=action, cause_finding=None, action_recommendation=index)
+    return Verdict(question=question(analysis, live), cause=_sentence(key.title),
+                   proof=key.proof or _first_sentence(key.detail), action=action, cause_finding=key.code,
+                   action_recommendation=index)
 
 
 def question(analysis: Optional[Any], live: bool) -> str:

@@ -107,7 +107,8 @@ class Analysis:
         new, gain, tokens = budget_mod.mem_fraction_change(b, delta_bytes)
         if new >= 1:  # more spare than the whole reserve: the log does not describe this node's memory now
             return None
-        return KvChange("--mem-fraction-static", "{:.3f}".format(new), gain, tokens, budget_mod.MFS_ROUNDING)
+        return KvChange(flag="--mem-fraction-static", value="{:.3f}".format(new), gain_bytes=gain, gain_tokens=tokens,
+                        rounding=budget_mod.MFS_ROUNDING)
 
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
         """(text, evidence) of SGLang's own warnings of one kind ("unbalanced", …)."""
@@ -121,13 +122,15 @@ class Analysis:
 
 def _summary(attributed: Attributed) -> Summary:
     if not attributed.summaries:
-        return Summary(None, None, None, None, None, "")
+        return Summary(max_total_num_tokens=None, max_running_requests=None, context_len=None,
+                       chunked_prefill_size=None, startup_avail_bytes=None, source="")
     # With DP, every replica (or only DP0 under DP-attention) prints one; they agree in
     # practice, and /server_info reports DP rank 0's — so take the first.
     s = attributed.summaries[0]
     d = s.data
-    return Summary(d["max_total_num_tokens"], d["max_running_requests"], d["context_len"],
-                   d["chunked_prefill_size"], d["avail_bytes"], where(s))
+    return Summary(max_total_num_tokens=d["max_total_num_tokens"], max_running_requests=d["max_running_requests"],
+                   context_len=d["context_len"], chunked_prefill_size=d["chunked_prefill_size"],
+                   startup_avail_bytes=d["avail_bytes"], source=where(s))
 
 
 def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
@@ -158,60 +161,100 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     attributed = attribute(startup)
     era = era_mod.detect(startup)
     args_ev = attributed.server_args
+    args = _server_args(args_ev, fallback_args)
+    summary = _summary(attributed)
+    page = args.get("page_size") if isinstance(args.get("page_size"), int) and args["page_size"] > 0 else 1
+    kv_dtype = next((e.data["dtype"] for e in attributed.other if e.kind == "kv_dtype"), None)
+    geo = _geometry(opts, args, kv_dtype, problems, era)
+    mm = sum(e.data["bytes"] for e in attributed.other if e.kind == "mm_reserve")
+    bud = _budget(era, attributed, args, page, geo, mm, summary)
+    rtt = _req_to_token(era, args, summary, bud)
+    ranks = ledgers(attributed, page, bud.reserve_bytes, _reserve_source(bud), rtt.bytes if rtt else None,
+                    rtt.formula if rtt else "")
+    prog = stages.progress(attributed)
+    died = stages.failure(startup.events, attributed, prog)
+    missing = _missing(attributed, summary, args_ev, died is not None)
+    unknown = [e for e in startup.events if e.kind == "unrecognized"]
+    problems.extend(_log_problems(attributed, missing, unknown))
+    return Analysis(target=target, status="ok" if not missing and not unknown else "partial",
+                    problems=tuple(problems), era=era, server_args=args,
+                    server_args_source=where(args_ev) if args_ev else "", startup_index=index, startup_count=count,
+                    startup_first_line=startup.first_line, summary=summary, ranks=ranks, budget=bud, geometry=geo,
+                    req_to_token=rtt, attributed=attributed, options=opts, progress=prog, failure=died)
+
+
+def _server_args(args_ev: Optional[LogEvent], fallback_args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The log's server_args over the live command line's flags."""
     args: Dict[str, Any] = dict(fallback_args or {})
     if args_ev:
         args.update(args_ev.data["args"])
-    summary = _summary(attributed)
-    page = args.get("page_size") if isinstance(args.get("page_size"), int) and args["page_size"] > 0 else 1
+    return args
 
-    kv_dtype = next((e.data["dtype"] for e in attributed.other if e.kind == "kv_dtype"), None)
-    geo = _geometry(opts, args, kv_dtype, problems, era)
 
-    mm = sum(e.data["bytes"] for e in attributed.other if e.kind == "mm_reserve")
-
-    # First the ledgers without the reserve (the budget gives it), then with it.
+def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page: int, geo: Optional[KvGeometry],
+            mm: int, summary: Summary) -> Budget:
+    """The KV budget from the ledgers without the reserve (the budget is what gives it), checked
+    against the post-capture re-sizing when the startup did one."""
     first = ledgers(attributed, page, None, "", None, "")
-    first_kv = next((e for r in attributed.ranks for e in r.target.all("kv_pool") if e.data.get("tokens")), None)
     bud = budget_mod.compute(era, budget_mod.Inputs(
-        args, first, page, geo.bytes_per_token if geo else None, geo.formula if geo else "", mm,
-        _draft_loaded_first(attributed),
-        "server_args mem_fraction_static ({})".format(where(args_ev)) if args_ev
-        and "mem_fraction_static" in args_ev.data["args"] else "the server's command line (--mem-fraction-static)",
-        next((e.data["full_tokens"] for e in attributed.other if e.kind == "swa_split" and e.data.get("full_tokens")),
-             None),
-        summary.context_len, geo.layers if geo else None, first_kv.data["tokens"] if first_kv else None,
-        summary.max_total_num_tokens))
+        args=args, ranks=first, page_size=page, cell_from_config=geo.bytes_per_token if geo else None,
+        cell_config_formula=geo.formula if geo else "", mm_reserve=mm, draft_first=_draft_loaded_first(attributed),
+        mfs_origin=_mfs_origin(attributed.server_args), swa_full_tokens=_swa_full_tokens(attributed),
+        context_len=summary.context_len, target_layers=geo.layers if geo else None,
+        logged_tokens=_first_kv_tokens(attributed), summary_tokens=summary.max_total_num_tokens))
     resized = next((e for r in attributed.ranks for e in r.target.all("post_capture_kv")), None)
     if resized is not None:
         bud = budget_mod.post_capture_check(bud, resized.data["tokens"], resized.data.get("avail_bytes"), mm,
                                             where(resized))
-    rtt: Optional[ReqToToken] = None
-    if summary.max_total_num_tokens and summary.context_len:
-        rtt = budget_mod.req_to_token(era, args, summary.max_total_num_tokens, summary.context_len,
-                                      summary.max_running_requests, bud.profiled_tokens)
-    reserve_src = ""
-    if bud.reserve_bytes is not None:
-        reserve_src = "pre-load free (min over ranks) × (1 − mem_fraction_static {:g}; {})".format(
-            bud.mfs or 0, bud.mfs_source)
-    ranks = ledgers(attributed, page, bud.reserve_bytes, reserve_src, rtt.bytes if rtt else None,
-                    rtt.formula if rtt else "")
+    return bud
 
-    prog = stages.progress(attributed)
-    died = stages.failure(startup.events, attributed, prog)
-    missing = _missing(attributed, summary, args_ev, died is not None)
+
+def _mfs_origin(args_ev: Optional[LogEvent]) -> str:
+    """Where mem_fraction_static comes from: the log's server_args, else the live command line."""
+    if args_ev and "mem_fraction_static" in args_ev.data["args"]:
+        return "server_args mem_fraction_static ({})".format(where(args_ev))
+    return "the server's command line (--mem-fraction-static)"
+
+
+def _swa_full_tokens(attributed: Attributed) -> Optional[int]:
+    """The full-attention token count of a hybrid sliding-window pool."""
+    splits = (e for e in attributed.other if e.kind == "swa_split" and e.data.get("full_tokens"))
+    return next((e.data["full_tokens"] for e in splits), None)
+
+
+def _first_kv_tokens(attributed: Attributed) -> Optional[int]:
+    """#tokens of the first KV pool line (before any post-capture re-sizing)."""
+    first_kv = next((e for r in attributed.ranks for e in r.target.all("kv_pool") if e.data.get("tokens")), None)
+    return first_kv.data["tokens"] if first_kv else None
+
+
+def _req_to_token(era: era_mod.Era, args: Dict[str, Any], summary: Summary, bud: Budget) -> Optional[ReqToToken]:
+    """The req_to_token table, sized from the summary's pool and context length (none without them)."""
+    if not (summary.max_total_num_tokens and summary.context_len):
+        return None
+    return budget_mod.req_to_token(era, args, summary.max_total_num_tokens, summary.context_len,
+                                   summary.max_running_requests, bud.profiled_tokens)
+
+
+def _reserve_source(bud: Budget) -> str:
+    if bud.reserve_bytes is None:
+        return ""
+    return "pre-load free (min over ranks) × (1 − mem_fraction_static {:g}; {})".format(bud.mfs or 0, bud.mfs_source)
+
+
+def _log_problems(attributed: Attributed, missing: List[str], unknown: List[LogEvent]) -> List[Problem]:
+    """What this startup's lines lack: the lines it should have, per-rank lines, shapes not known."""
+    problems: List[Problem] = []
     if missing:
         problems.append(Problem("log.fragment", "not in this startup: " + ", ".join(missing)))
     if not attributed.ranks:
         problems.append(Problem("log.no_ranks", "no per-rank memory lines in this startup"))
-    unknown = [e for e in startup.events if e.kind == "unrecognized"]
     if unknown:
         shown = ", ".join(where(e) for e in unknown[:10]) + (" and {} more".format(len(unknown) - 10)
                                                              if len(unknown) > 10 else "")
         problems.append(Problem("log.unrecognized", "{} line(s) carry memory figures in a shape kvforensics does not "
                                 "know, and were not used: {}".format(len(unknown), shown)))
-    status = "ok" if not missing and not unknown else "partial"
-    return Analysis(target, status, tuple(problems), era, args, where(args_ev) if args_ev else "", index, count,
-                    startup.first_line, summary, ranks, bud, geo, rtt, attributed, opts, prog, died)
+    return problems
 
 
 def _draft_loaded_first(attributed: Attributed) -> bool:

@@ -78,32 +78,48 @@ def attribute(startup: Startup) -> Attributed:
         else:
             other.append(ev)
     ordered = tuple(sorted(ranks.values(), key=lambda r: _rank_sort_key(r.rank)))
-    return Attributed(ordered, server_args, tuple(summaries), tuple(failures), tuple(other))
+    return Attributed(ranks=ordered, server_args=server_args, summaries=tuple(summaries), failures=tuple(failures),
+                      other=tuple(other))
 
 
 def _runner_for(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
+    """The runner a line belongs to: the target's, unless its text or the lines before it on this
+    rank say it is the draft's."""
     t, d = rank.target, rank.draft
     kind = ev.kind
-    if kind in ("graph_begin", "graph_end"):
-        return d if ev.data.get("draft") else t
-    if kind == "post_capture_kv":
-        return d if ev.data.get("draft") else t
+    if kind in ("graph_begin", "graph_end", "post_capture_kv"):
+        return d if ev.data.get("draft") else t  # the text names the draft ("draft", "draft extend")
     if kind == "graph_bs":
         return d if d.has("graph_begin") else t
     if kind in ("dist_init_begin", "load_begin"):
-        return d if t.has(kind) else t
+        return d if t.has(kind) else t  # the second one on a rank is the draft's
     if kind in ("dist_init_end", "load_end"):
-        begin = "dist_init_begin" if kind == "dist_init_end" else "load_begin"
-        if d.has(begin) or t.has(kind) or _is_draft_model(ev):
-            return d
-        return t
-    if kind == "kv_pool":
+        return _end_runner(rank, ev)
+    if kind in ("kv_pool", "pool_end", "mamba_pool"):
+        return _pool_runner(rank, ev)
+    return t
+
+
+def _end_runner(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
+    """An init or weights end: the draft's once the draft began that step, once the target has its
+    own end line, or when the model it loaded names itself a draft."""
+    begin = "dist_init_begin" if ev.kind == "dist_init_end" else "load_begin"
+    if rank.draft.has(begin) or rank.target.has(ev.kind) or _is_draft_model(ev):
+        return rank.draft
+    return rank.target
+
+
+def _pool_runner(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
+    """A pool line goes to the target until it has its own (0.5.14+ loads both models before either
+    pool), then to the draft, once the draft has begun loading."""
+    t, d = rank.target, rank.draft
+    if ev.kind == "kv_pool":
+        # Hybrid models print one KV pool line per pool ("Full ", "SWA "): the target's is taken per label.
         label = ev.data.get("label")
         taken = any(e.data.get("label") == label for e in t.all("kv_pool"))
-        return d if taken and d.has("load_begin") else t
-    if kind in ("pool_end", "mamba_pool"):
-        return d if t.has(kind) and d.has("load_begin") else t
-    return t
+    else:
+        taken = t.has(ev.kind)
+    return d if taken and d.has("load_begin") else t
 
 
 # Draft architectures name themselves (DeepseekV3ForCausalLMNextN, LlamaForCausalLMEagle3, …):

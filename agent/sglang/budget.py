@@ -78,7 +78,8 @@ def req_to_token(era: Era, args: Dict[str, Any], tokens: int, context_len: int,
     if era.at_least((0, 5, 1)) and isinstance(draft_tokens, int):
         extra += draft_tokens
     cols = context_len + extra
-    return ReqToToken(rows, cols, rows * cols * 4, "{} × (context_len {} + {}) × 4 B".format(why, context_len, extra))
+    return ReqToToken(rows=rows, cols=cols, bytes=rows * cols * 4,
+                      formula="{} × (context_len {} + {}) × 4 B".format(why, context_len, extra))
 
 
 @dataclass(frozen=True)
@@ -188,98 +189,165 @@ def compute(era: Era, inputs: Inputs) -> Budget:
 
 
 def _compute_one(era: Era, inputs: Inputs) -> Budget:
-    args, ranks, page_size = inputs.args, inputs.ranks, inputs.page_size
-    steps: List[str] = []
-    pre = _min([r.target.pre_load_avail_bytes for r in ranks])
-    draft_first = inputs.draft_first
-    if draft_first:
-        post = _min([r.draft.post_load_avail_bytes if r.draft else None for r in ranks])
-        post_source = "last 'Load weight end' avail (after the draft's weights; 0.5.14+ profiles then)"
-    else:
-        post = _min([r.target.post_load_avail_bytes for r in ranks])
-        post_source = "'Load weight end' avail"
-    logged = inputs.logged_tokens
-    if logged is None:
-        logged = next((r.target.kv_tokens for r in ranks if r.target.kv_tokens is not None), inputs.summary_tokens)
+    """The budget under one era's rules: the formula forward from mem_fraction_static, or, without
+    server_args, the fraction back-solved from the logged pool."""
+    cell, cell_lo, cell_hi, cell_source = _cell(inputs.ranks, inputs.page_size, inputs.draft_first,
+                                                inputs.cell_from_config, inputs.cell_config_formula,
+                                                inputs.swa_full_tokens)
+    empty = _unpredicted(era, inputs, cell, cell_source)
+    pre, post = empty.pre_min_bytes, empty.post_min_bytes
+    if pre is None or post is None or pre <= 0:
+        return _replace(empty, explanation="the log lacks 'Load weight begin/end' free-memory lines")
+    if empty.mfs is None:
+        return _back_solved(empty, inputs, cell_lo, cell_hi)
+    return _predicted(era, inputs, empty, (cell, cell_lo or cell, cell_hi or cell))
+
+
+def _unpredicted(era: Era, inputs: Inputs, cell: Optional[int], cell_source: str) -> Budget:
+    """The formula's inputs as the startup gives them, before any rule is applied."""
+    post, post_source = _post_load_free(inputs)
+    mfs = _mem_fraction(inputs.args)
+    return Budget(mfs=mfs, mfs_source=inputs.mfs_origin if mfs is not None else "",
+                  pre_min_bytes=_min([r.target.pre_load_avail_bytes for r in inputs.ranks]), post_min_bytes=post,
+                  post_source=post_source, reserve_bytes=None, rest_bytes=None, cell_bytes=cell,
+                  cell_source=cell_source, predicted_tokens=None, predicted_low=None, predicted_high=None,
+                  logged_tokens=_logged_tokens(inputs), verdict="unknown", explanation="",
+                  draft_in_budget=inputs.draft_first, steps=(), era_hint=era.hint)
+
+
+def _post_load_free(inputs: Inputs) -> Tuple[Optional[int], str]:
+    """(the least free memory after the weights load, which line it is): 0.5.14+ profiles after the
+    draft's weights, so then the draft's line."""
+    if inputs.draft_first:
+        return (_min([r.draft.post_load_avail_bytes if r.draft else None for r in inputs.ranks]),
+                "last 'Load weight end' avail (after the draft's weights; 0.5.14+ profiles then)")
+    return _min([r.target.post_load_avail_bytes for r in inputs.ranks]), "'Load weight end' avail"
+
+
+def _logged_tokens(inputs: Inputs) -> Optional[int]:
+    """The pool's #tokens the prediction is checked against."""
     if inputs.swa_full_tokens:
         # Hybrid sliding-window pools: the budget is counted in full-attention tokens (each also
         # paying for its share of SWA tokens), and a KV line's #tokens may be the SWA count.
-        logged = inputs.swa_full_tokens
-    mamba = max([r.target.mamba_bytes or 0 for r in ranks] or [0])
-    mm_reserve = inputs.mm_reserve
+        return inputs.swa_full_tokens
+    if inputs.logged_tokens is not None:
+        return inputs.logged_tokens
+    return next((r.target.kv_tokens for r in inputs.ranks if r.target.kv_tokens is not None), inputs.summary_tokens)
 
-    cell, cell_lo, cell_hi, cell_source = _cell(ranks, page_size, draft_first, inputs.cell_from_config,
-                                                inputs.cell_config_formula, inputs.swa_full_tokens)
-    raw_mfs = args.get("mem_fraction_static")
-    mfs = float(raw_mfs) if isinstance(raw_mfs, (int, float)) and 0 < raw_mfs <= 1 else None
-    mfs_source = inputs.mfs_origin if mfs is not None else ""
-    empty = Budget(mfs, mfs_source, pre, post, post_source, None, None, cell, cell_source,
-                   None, None, None, logged, "unknown", "", draft_first, (), era.hint)
-    if pre is None or post is None or pre <= 0:
-        return _replace(empty, explanation="the log lacks 'Load weight begin/end' free-memory lines")
-    if mfs is None:
-        if logged is None or cell is None:
-            return _replace(empty, explanation="no server_args line and no KV pool line: "
-                            "mem_fraction_static cannot be recovered")
-        budget = (logged + page_size) * cell + mamba + mm_reserve
-        mfs = 1 - (post - budget) / pre
-        if not 0 < mfs <= 1 or pre <= HALF:
-            return _replace(empty, explanation="no server_args line, and the fraction the logged pool implies "
-                            "({:.3f}) is outside (0, 1]: the log's free-memory and pool figures do not fit "
-                            "together".format(mfs))
-        lo = 1 - (post + HALF - (logged * (cell_lo or cell))) / (pre - HALF)
-        hi = 1 - (post - HALF - ((logged + page_size) * (cell_hi or cell))) / (pre + HALF)
-        mfs_source = "back-solved: 1 − (post-load free − KV budget) / pre-load free, {:.4f}–{:.4f}".format(
-            min(lo, hi), max(lo, hi))
-        reserve = int(pre * (1 - mfs))
-        return _replace(empty, mfs=mfs, mfs_source=mfs_source, reserve_bytes=reserve,
-                        rest_bytes=post - reserve, verdict="back-solved",
-                        explanation="no server_args line: mem_fraction_static ≈ {:.3f} solved from the "
-                        "logged pool, so the formula cannot also be checked".format(mfs))
 
+def _mem_fraction(args: Dict[str, Any]) -> Optional[float]:
+    """--mem-fraction-static from server_args, when it is a fraction in (0, 1]."""
+    raw = args.get("mem_fraction_static")
+    return float(raw) if isinstance(raw, (int, float)) and 0 < raw <= 1 else None
+
+
+def _mamba_bytes(ranks: Tuple[RankLedger, ...]) -> int:
+    return max([r.target.mamba_bytes or 0 for r in ranks] or [0])
+
+
+def _back_solved(empty: Budget, inputs: Inputs, cell_lo: Optional[float], cell_hi: Optional[float]) -> Budget:
+    """Without server_args: the mem_fraction_static the logged pool implies (then the formula
+    itself cannot be checked)."""
+    pre, post, cell, logged = empty.pre_min_bytes, empty.post_min_bytes, empty.cell_bytes, empty.logged_tokens
+    assert pre is not None and post is not None
+    if logged is None or cell is None:
+        return _replace(empty, explanation="no server_args line and no KV pool line: "
+                        "mem_fraction_static cannot be recovered")
+    page_size = inputs.page_size
+    budget = (logged + page_size) * cell + _mamba_bytes(inputs.ranks) + inputs.mm_reserve
+    mfs = 1 - (post - budget) / pre
+    if not 0 < mfs <= 1 or pre <= HALF:
+        return _replace(empty, explanation="no server_args line, and the fraction the logged pool implies "
+                        "({:.3f}) is outside (0, 1]: the log's free-memory and pool figures do not fit "
+                        "together".format(mfs))
+    # The interval the print rounding of every figure allows.
+    lo = 1 - (post + HALF - (logged * (cell_lo or cell))) / (pre - HALF)
+    hi = 1 - (post - HALF - ((logged + page_size) * (cell_hi or cell))) / (pre + HALF)
+    mfs_source = "back-solved: 1 − (post-load free − KV budget) / pre-load free, {:.4f}–{:.4f}".format(
+        min(lo, hi), max(lo, hi))
+    reserve = int(pre * (1 - mfs))
+    return _replace(empty, mfs=mfs, mfs_source=mfs_source, reserve_bytes=reserve,
+                    rest_bytes=post - reserve, verdict="back-solved",
+                    explanation="no server_args line: mem_fraction_static ≈ {:.3f} solved from the "
+                    "logged pool, so the formula cannot also be checked".format(mfs))
+
+
+def _predicted(era: Era, inputs: Inputs, empty: Budget, cells: Tuple[Any, Any, Any]) -> Budget:
+    """The formula forward from a known mem_fraction_static: the reserve, the rest, the tokens it
+    holds (an interval: every figure is printed to 0.01 GiB), then the release's adjustments."""
+    pre, post, mfs, logged = empty.pre_min_bytes, empty.post_min_bytes, empty.mfs, empty.logged_tokens
+    assert pre is not None and post is not None and mfs is not None
+    mamba, mm_reserve = _mamba_bytes(inputs.ranks), inputs.mm_reserve
+    steps: List[str] = []
     slack = 1 - mfs
     reserve = int(round(pre * slack))
     rest = post - reserve - mamba - mm_reserve
     steps.append("reserve = pre-load free {:.2f} GiB × (1 − {:g}) = {:.2f} GiB".format(pre / GIB, mfs, reserve / GIB))
     steps.append("rest = post-load free {:.2f} GiB − reserve{} = {:.2f} GiB".format(
-        post / GIB, (" − Mamba {:.2f} GiB".format(mamba / GIB) if mamba else "") +
-        (" − multimodal {:.2f} GiB".format(mm_reserve / GIB) if mm_reserve else ""), rest / GIB))
-    if cell is None:
+        post / GIB, _set_aside_terms(mamba, mm_reserve), rest / GIB))
+    if empty.cell_bytes is None:
         return _replace(empty, reserve_bytes=reserve, rest_bytes=rest, steps=tuple(steps),
                         explanation="bytes per token unknown (no KV pool line, no --model-config)")
     rest_lo = (post - HALF) - (pre + HALF) * slack - mamba - mm_reserve
     rest_hi = (post + HALF) - (pre - HALF) * slack - mamba - mm_reserve
-    cells = (cell, cell_lo or cell, cell_hi or cell)
-    if draft_first and era.at_least(DRAFT_IN_BUDGET):
+    if inputs.draft_first and era.at_least(DRAFT_IN_BUDGET):
         scaled = _draft_scaled_cell(cells, rest_lo, rest_hi, logged, inputs.target_layers, steps)
         if scaled is None:
-            ratio = "" if not logged else " (the log implies ≈ 1 + 1/{:.1f})".format(
-                1 / max(1e-9, rest / logged / cell - 1)) if rest / logged > cell else ""
             return _replace(empty, reserve_bytes=reserve, rest_bytes=rest, steps=tuple(steps), explanation=(
                 "0.5.14+ divides by the target's bytes per token × (1 + draft layers / target layers); the "
-                "target's layer count comes from --model-config{}".format(ratio)))
+                "target's layer count comes from --model-config{}".format(
+                    _implied_draft_ratio(rest, logged, empty.cell_bytes))))
         cells = scaled
-    cell_mid, cell_lo_, cell_hi_ = cells
-    pred = math.floor(rest / cell_mid)
-    lo = math.floor(rest_lo / cell_hi_)
-    hi = math.floor(rest_hi / cell_lo_)
-    steps.append("tokens = floor(rest / {} B per token) = {:,}".format(cell_mid, pred))
-    profiled = pred
+    cell_mid, cell_lo, cell_hi = cells
+    profiled = math.floor(rest / cell_mid)
+    steps.append("tokens = floor(rest / {} B per token) = {:,}".format(cell_mid, profiled))
+    (pred, lo, hi), notes = _pool_adjustments(era, inputs, (profiled, math.floor(rest_lo / cell_hi),
+                                                            math.floor(rest_hi / cell_lo)), steps)
+    result = _replace(empty, reserve_bytes=reserve, rest_bytes=rest, cell_bytes=cell_mid, predicted_tokens=pred,
+                      predicted_low=lo, predicted_high=hi, steps=tuple(steps), profiled_tokens=profiled)
+    return _judged(result, notes, inputs.ranks)
 
+
+def _set_aside_terms(mamba: int, mm_reserve: int) -> str:
+    """The step's text for what comes off the rest besides the reserve."""
+    return ((" − Mamba {:.2f} GiB".format(mamba / GIB) if mamba else "")
+            + (" − multimodal {:.2f} GiB".format(mm_reserve / GIB) if mm_reserve else ""))
+
+
+def _implied_draft_ratio(rest: int, logged: Optional[int], cell: int) -> str:
+    """The draft scaling the logged pool implies, quoted when the target's layer count is unknown."""
+    if not logged or rest / logged <= cell:
+        return ""
+    return " (the log implies ≈ 1 + 1/{:.1f})".format(1 / max(1e-9, rest / logged / cell - 1))
+
+
+def _pool_adjustments(era: Era, inputs: Inputs, profiled: Tuple[int, int, int],
+                      steps: List[str]) -> Tuple[Tuple[int, int, int], List[str]]:
+    """(tokens, low, high) after what SGLang does to the profiled count: the speculative headroom
+    (0.4.4–0.5.6), the --max-total-tokens cap, the page rounding; and the notes that explain a
+    logged pool off the plain formula."""
+    pred, lo, hi = profiled
     notes: List[str] = []
-    extra = _eagle_headroom(era, args, profiled, inputs.context_len, steps)
+    extra = _eagle_headroom(era, inputs.args, pred, inputs.context_len, steps)
     if extra:
         pred, lo, hi = pred + extra, lo + extra, hi + extra
-    cap = args.get("max_total_tokens")
+    cap = inputs.args.get("max_total_tokens")
     if isinstance(cap, int) and cap > 0 and cap < pred:
         pred, lo, hi = cap, min(lo, cap), min(hi, cap)
         notes.append("capped by --max-total-tokens {:,}".format(cap))
         steps.append("capped by --max-total-tokens = {:,}".format(cap))
+    page_size = inputs.page_size
     if page_size > 1:
         pred, lo, hi = (x // page_size * page_size for x in (pred, lo, hi))
         steps.append("rounded down to page_size {} = {:,}".format(page_size, pred))
-    result = Budget(mfs, mfs_source, pre, post, post_source, reserve, rest, cell_mid, cell_source,
-                    pred, lo, hi, logged, "unknown", "", draft_first, tuple(steps), era.hint, profiled)
+    return (pred, lo, hi), notes
+
+
+def _judged(result: Budget, notes: List[str], ranks: Tuple[RankLedger, ...]) -> Budget:
+    """The verdict: the logged pool inside the predicted interval agrees (or is explained, when an
+    adjustment was needed); outside it, the likely reasons."""
+    logged, lo, hi = result.logged_tokens, result.predicted_low, result.predicted_high
+    assert lo is not None and hi is not None and result.cell_bytes is not None
     if logged is None:
         return _replace(result, explanation="no 'KV Cache is allocated' line with #tokens to check against")
     if lo <= logged <= hi:
@@ -287,7 +355,7 @@ def _compute_one(era: Era, inputs: Inputs) -> Budget:
         if notes:
             return _replace(result, verdict="explained", explanation="; ".join(notes + [why]))
         return _replace(result, verdict="agrees", explanation=why)
-    return _replace(result, verdict="differs", explanation=_differs(logged, lo, hi, cell_mid, ranks))
+    return _replace(result, verdict="differs", explanation=_differs(logged, lo, hi, result.cell_bytes, ranks))
 
 
 def post_capture_check(b: Budget, final_tokens: int, final_avail: Optional[int], mm_reserve: int,

@@ -65,14 +65,14 @@ def _mla(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era,
         else:
             per_layer, how = int((latent + rope) * elem), "({} + {}) × {:g} B".format(latent, rope, elem)
         indexer = index_dim + index_dim // 128 * 4 if era.at_least((0, 5, 4)) else 0
-        return KvGeometry("nsa", n_layers, (per_layer + indexer) * n_layers, dtype,
-                          "({}{}) × {} layers".format(how, " + indexer {}".format(indexer) if indexer else "",
-                                                      n_layers))
+        return KvGeometry(kind="nsa", layers=n_layers, bytes_per_token=(per_layer + indexer) * n_layers, dtype=dtype,
+                          formula="({}{}) × {} layers".format(how, " + indexer {}".format(indexer) if indexer else "",
+                                                              n_layers))
     base = int((latent + rope) * n_layers * elem)
     if elem == 0.5:  # fp4: one scale byte per 16 values
         base += ((latent + rope) // 16) * n_layers
-    return KvGeometry("mla", n_layers, base, dtype, "({} + {}) × {} layers × {:g} B".format(
-        latent, rope, n_layers, elem))
+    return KvGeometry(kind="mla", layers=n_layers, bytes_per_token=base, dtype=dtype,
+                      formula="({} + {}) × {} layers × {:g} B".format(latent, rope, n_layers, elem))
 
 
 def _mha(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era, attn_tp: int) -> KvGeometry:
@@ -91,9 +91,9 @@ def _mha(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era, a
         if era.at_least((0, 5, 16)):
             base += per_rank * head_dim * 2
             formula += " + dequant workspace {}".format(per_rank * head_dim * 2)
-        return KvGeometry("mha", n_layers, base, dtype, formula)
+        return KvGeometry(kind="mha", layers=n_layers, bytes_per_token=base, dtype=dtype, formula=formula)
     base = int(width * elem)
     if dtype == "mxfp8":  # 0.5.16+: one e8m0 scale per 32 values
         base += width // 32
         formula += " + scales {}".format(width // 32)
-    return KvGeometry("mha", n_layers, base, dtype, formula)
+    return KvGeometry(kind="mha", layers=n_layers, bytes_per_token=base, dtype=dtype, formula=formula)

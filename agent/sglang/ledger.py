@@ -60,62 +60,98 @@ class RankLedger:
 
 
 def runner_ledger(runner: RunnerEvents, page_size: int) -> RunnerLedger:
-    values: Dict[str, object] = {}
-    src: Dict[str, str] = {}
+    figures = _Figures()
+    _weights(figures, runner)
+    _kv(figures, runner, page_size)
+    _mamba(figures, runner)
+    _after_pools(figures, runner)
+    return RunnerLedger(sources=figures.sources, **figures.values)  # type: ignore[arg-type]
 
-    def put(name: str, value: object, ev: Optional[LogEvent], how: str = "") -> None:
+
+class _Figures:
+    """A runner's figures as its lines are read, each sized one with where it came from (the model
+    type and the KV dtype are labels, set in ``values`` directly)."""
+
+    def __init__(self) -> None:
+        self.values: Dict[str, object] = {}
+        self.sources: Dict[str, str] = {}
+
+    def put(self, name: str, value: object, ev: Optional[LogEvent], how: str = "") -> None:
+        """A figure from a line, cited as 'line N: how'; a figure the line lacks (None) is left out."""
         if value is None:
             return
-        values[name] = value
-        src[name] = (where(ev) + (": " + how if how else "")).strip(": ")
+        self.values[name] = value
+        self.sources[name] = (where(ev) + (": " + how if how else "")).strip(": ")
 
+
+def _weights(figures: _Figures, runner: RunnerEvents) -> None:
+    """Distributed init and the weights: the free memory before and after they load, and their size."""
     dist = runner.first("dist_init_end")
-    put("dist_init_bytes", dist and dist.data.get("used_bytes"), dist, "Init … ends, mem usage")
+    figures.put("dist_init_bytes", dist and dist.data.get("used_bytes"), dist, "Init … ends, mem usage")
     begin, end = runner.first("load_begin"), runner.first("load_end")
     pre = begin.data["avail_bytes"] if begin else None
-    put("pre_load_avail_bytes", pre, begin, "Load weight begin, avail mem")
-    if end is not None:
-        post = end.data["avail_bytes"]
-        put("post_load_avail_bytes", post, end, "Load weight end, avail mem")
-        values["model_type"] = end.data.get("model_type")
-        if end.data.get("used_bytes") is not None:
-            put("weights_bytes", end.data["used_bytes"], end, "Load weight end, mem usage")
-        elif pre is not None:
-            put("weights_bytes", pre - post, end, "avail before − after load ({})".format(where(begin)))
-    pools = runner.all("kv_pool")
+    figures.put("pre_load_avail_bytes", pre, begin, "Load weight begin, avail mem")
+    if end is None:
+        return
+    post = end.data["avail_bytes"]
+    figures.put("post_load_avail_bytes", post, end, "Load weight end, avail mem")
+    figures.values["model_type"] = end.data.get("model_type")
+    if end.data.get("used_bytes") is not None:
+        figures.put("weights_bytes", end.data["used_bytes"], end, "Load weight end, mem usage")
+    elif pre is not None:
+        figures.put("weights_bytes", pre - post, end, "avail before − after load ({})".format(where(begin)))
+
+
+def _kv(figures: _Figures, runner: RunnerEvents, page_size: int) -> None:
+    """The KV pool: 0.5.18+ post-capture sizing's final pool replaces the VA bound the pool lines print."""
     post_capture = runner.first("post_capture_kv")
-    if post_capture is not None:  # 0.5.18+ post-capture sizing: the final pool replaces the VA bound
-        put("kv_tokens", post_capture.data["tokens"], post_capture, "Post-capture KV sizing, #tokens")
-        put("kv_bytes", post_capture.data["kv_bytes"], post_capture, "Post-capture KV sizing, KV size")
-        values["kv_dtype"] = post_capture.data.get("dtype")
-    elif pools:
-        first = pools[0]
-        tokens = first.data.get("tokens")
-        put("kv_tokens", tokens, first, "KV Cache is allocated, #tokens")
-        kv = sum(p.data["kv_bytes"] for p in pools)
-        lines = ", ".join(where(p) for p in pools)
-        put("kv_bytes", kv, pools[-1], "sum of {} KV pool line(s) ({})".format(len(pools), lines)
-            if len(pools) > 1 else "KV Cache is allocated, K+V / KV size")
-        values["kv_dtype"] = first.data.get("dtype")
-        if tokens and len(pools) == 1:
-            # The buffers have size + page_size rows (row 0 pads), memory_pool.py.
-            put("bytes_per_token", int(round(kv / (tokens + page_size))), first,
-                "KV size / (#tokens + page_size {}), ±0.005 GiB print rounding".format(page_size))
+    if post_capture is not None:
+        figures.put("kv_tokens", post_capture.data["tokens"], post_capture, "Post-capture KV sizing, #tokens")
+        figures.put("kv_bytes", post_capture.data["kv_bytes"], post_capture, "Post-capture KV sizing, KV size")
+        figures.values["kv_dtype"] = post_capture.data.get("dtype")
+        return
+    pools = runner.all("kv_pool")
+    if pools:
+        _kv_pools(figures, pools, page_size)
+
+
+def _kv_pools(figures: _Figures, pools: List[LogEvent], page_size: int) -> None:
+    """The KV pool lines: the first one's #tokens, every pool's bytes (hybrid models print one line
+    per pool), and the bytes per token when one pool holds them all."""
+    first = pools[0]
+    tokens = first.data.get("tokens")
+    figures.put("kv_tokens", tokens, first, "KV Cache is allocated, #tokens")
+    kv = sum(p.data["kv_bytes"] for p in pools)
+    lines = ", ".join(where(p) for p in pools)
+    figures.put("kv_bytes", kv, pools[-1], "sum of {} KV pool line(s) ({})".format(len(pools), lines)
+                if len(pools) > 1 else "KV Cache is allocated, K+V / KV size")
+    figures.values["kv_dtype"] = first.data.get("dtype")
+    if tokens and len(pools) == 1:
+        # The buffers have size + page_size rows (row 0 pads), memory_pool.py.
+        figures.put("bytes_per_token", int(round(kv / (tokens + page_size))), first,
+                    "KV size / (#tokens + page_size {}), ±0.005 GiB print rounding".format(page_size))
+
+
+def _mamba(figures: _Figures, runner: RunnerEvents) -> None:
     mamba = runner.all("mamba_pool")
     if mamba:
         total = sum((m.data["conv_bytes"] or 0) + (m.data["ssm_bytes"] or 0) + m.data["intermediate_bytes"]
                     for m in mamba)
-        put("mamba_bytes", total, mamba[0], "Mamba Cache is allocated, conv + ssm state")
+        figures.put("mamba_bytes", total, mamba[0], "Mamba Cache is allocated, conv + ssm state")
+
+
+def _after_pools(figures: _Figures, runner: RunnerEvents) -> None:
+    """The free memory at the pool's end, the CUDA graphs' memory, and the free memory after them."""
     pool_end = runner.first("pool_end")
-    put("pool_end_avail_bytes", pool_end and pool_end.data["avail_bytes"], pool_end, "Memory pool end")
+    figures.put("pool_end_avail_bytes", pool_end and pool_end.data["avail_bytes"], pool_end, "Memory pool end")
     ends = [g for g in runner.all("graph_end") if g.data.get("used_bytes") is not None]
     if ends:
-        put("graph_bytes", sum(g.data["used_bytes"] for g in ends), ends[-1],
-            "sum of {} Capture … end mem usage ({})".format(len(ends), ", ".join(where(g) for g in ends)))
+        figures.put("graph_bytes", sum(g.data["used_bytes"] for g in ends), ends[-1],
+                    "sum of {} Capture … end mem usage ({})".format(len(ends), ", ".join(where(g) for g in ends)))
     last_avail = [g for g in runner.all("graph_end") if g.data.get("avail_bytes") is not None]
     if last_avail:
-        put("graph_end_avail_bytes", last_avail[-1].data["avail_bytes"], last_avail[-1], "last Capture … end avail")
-    return RunnerLedger(sources=src, **values)  # type: ignore[arg-type]
+        figures.put("graph_end_avail_bytes", last_avail[-1].data["avail_bytes"], last_avail[-1],
+                    "last Capture … end avail")
 
 
 def last_avail(rank: RankEvents, summary: Optional[LogEvent]) -> Tuple[Optional[int], Optional[LogEvent]]:
@@ -184,7 +220,9 @@ def rank_ledger(rank: RankEvents, page_size: int, reserve: Optional[int], reserv
         unexplained = pre - final - sum(items)
         sources["unexplained_bytes"] = ("pre-load free − final free − every item above "
                                         "(allocator cache, pool metadata, CUDA/NCCL buffers)")
-    return RankLedger(rank.rank, target, draft, reserve, req_to_token, final, unexplained, sources)
+    return RankLedger(rank=rank.rank, target=target, draft=draft, reserve_bytes=reserve,
+                      req_to_token_bytes=req_to_token, final_avail_bytes=final, unexplained_bytes=unexplained,
+                      sources=sources)
 
 
 def ledgers(attributed: Attributed, page_size: int, reserve: Optional[int], reserve_src: str,

@@ -65,13 +65,13 @@ def _estimated_raise(a: Analysis, found: Spare) -> Recommendation:
     if b.draft_in_budget:
         draft_note = " (bytes per token include the draft's KV, which grows with the target's)"
     return Recommendation(
-        c.flag, c.value, c.gain_bytes, c.gain_tokens, "estimated",
-        "{} free after startup ({}) − {} margin = {} spare; ({} − {:g}) × pre-load free {} = {} more KV"
+        flag=c.flag, value=c.value, gain_bytes=c.gain_bytes, gain_tokens=c.gain_tokens, basis="estimated",
+        rationale="{} free after startup ({}) − {} margin = {} spare; ({} − {:g}) × pre-load free {} = {} more KV"
         " = {:,} tokens at {:,} B/token{}. {}. Estimated: the startup headroom is measured, the runtime peak is "
         "not (kvforensics record keeps low-water marks).".format(
             gib(h.free_bytes), h.how, gib(a.options.margin_bytes), gib(found.spare_bytes), c.value, b.mfs,
             gib(b.pre_min_bytes), gib(c.gain_bytes), c.gain_tokens, b.cell_bytes, draft_note, c.rounding),
-        gain_requests(a, c.gain_tokens))
+        gain_requests=gain_requests(a, c.gain_tokens))
 
 
 def _measured_raise(ctx: "Context", a: Analysis, found: Spare) -> Recommendation:
@@ -81,13 +81,13 @@ def _measured_raise(ctx: "Context", a: Analysis, found: Spare) -> Recommendation
     caveat = ("" if h.measured else " Under heavier load free memory can dip lower (kvforensics record keeps "
               "low-water marks).")
     return Recommendation(
-        c.flag, c.value, c.gain_bytes, c.gain_tokens, "measured" if h.measured else "estimated",
-        "{} → reclaim {} keeping the {} margin → {} {} ((Δ {:+.3f}) × pre-load free {} from the log = {}; {}) "
-        "→ {:+,} tokens per rank at {:,} B/token.{}".format(
+        flag=c.flag, value=c.value, gain_bytes=c.gain_bytes, gain_tokens=c.gain_tokens,
+        basis="measured" if h.measured else "estimated",
+        rationale="{} → reclaim {} keeping the {} margin → {} {} ((Δ {:+.3f}) × pre-load free {} from the log = {}; "
+        "{}) → {:+,} tokens per rank at {:,} B/token.{}".format(
             h.how, gib(found.spare_bytes), gib(ctx.options.margin_bytes), c.flag, c.value,
             float(c.value) - b.mfs, gib(b.pre_min_bytes), gib(c.gain_bytes), c.rounding, c.gain_tokens,
-            b.cell_bytes, caveat),
-        gain_requests(a, c.gain_tokens))
+            b.cell_bytes, caveat), gain_requests=gain_requests(a, c.gain_tokens))
 
 
 def _lower_mem_fraction(ctx: "Context", a: Analysis, found: Spare) -> Recommendation:
@@ -95,10 +95,11 @@ def _lower_mem_fraction(ctx: "Context", a: Analysis, found: Spare) -> Recommenda
     assert c is not None
     where = "free after startup ({})".format(h.how) if ctx.live is None else "free ({})".format(h.how)
     return Recommendation(
-        c.flag, c.value, c.gain_bytes, c.gain_tokens, "measured" if h.measured else "estimated",
-        "Only {} {}, below the {} margin: give {} back to runtime activations to avoid out-of-memory errors "
+        flag=c.flag, value=c.value, gain_bytes=c.gain_bytes, gain_tokens=c.gain_tokens,
+        basis="measured" if h.measured else "estimated",
+        rationale="Only {} {}, below the {} margin: give {} back to runtime activations to avoid out-of-memory errors "
         "under load.".format(gib(h.free_bytes), where, gib(ctx.options.margin_bytes), gib(-c.gain_bytes)),
-        gain_requests(a, c.gain_tokens))
+        gain_requests=gain_requests(a, c.gain_tokens))
 
 
 def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:
@@ -114,12 +115,11 @@ def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:
         return
     tokens = a.summary.max_total_num_tokens  # half the bytes per token: the same pool holds twice as many
     yield Recommendation(
-        "--kv-cache-dtype", "fp8_e4m3", 0, tokens, "estimated",
-        "KV is stored in {} ({} B/token); FP8 halves that, so the same {} pool holds ~{:,} tokens instead of "
+        flag="--kv-cache-dtype", value="fp8_e4m3", gain_bytes=0, gain_tokens=tokens, basis="estimated",
+        rationale="KV is stored in {} ({} B/token); FP8 halves that, so the same {} pool holds ~{:,} tokens instead of "
         "{:,}. Check quality on your evals and that the attention backend supports FP8 KV for this "
         "model.".format(resolved, a.budget.cell_bytes or r.target.bytes_per_token, gib(r.target.kv_bytes),
-                        2 * tokens, tokens),
-        gain_requests(a, tokens))
+                        2 * tokens, tokens), gain_requests=gain_requests(a, tokens))
 
 
 HICACHE_POOL_RATIO = 2  # offline, the host tier is sized at twice the GPU pool (host RAM is not in a log)
@@ -137,12 +137,12 @@ def hierarchical_cache(ctx: "Context") -> Iterator[Recommendation]:
         off = host_offload(ctx.live)
         if off is not None:
             yield Recommendation(
-                "--enable-hierarchical-cache --hicache-size", str(off.size_gb), None, off.tokens, "estimated",
-                "{} GB per rank of host RAM ({} ranks, SGLang's 10 GiB host reserve kept; one look at "
+                flag="--enable-hierarchical-cache --hicache-size", value=str(off.size_gb), gain_bytes=None,
+                gain_tokens=off.tokens, basis="estimated",
+                rationale="{} GB per rank of host RAM ({} ranks, SGLang's 10 GiB host reserve kept; one look at "
                 "MemAvailable) holds {:,} tokens of prefix cache per rank. It keeps more context reusable (shared "
                 "prefixes, multi-turn); it does not raise how many requests decode at once.".format(
-                    off.size_gb, off.ranks, off.tokens),
-                {"at_context_len": 0, "at_request_tokens": 0})
+                    off.size_gb, off.ranks, off.tokens), gain_requests={"at_context_len": 0, "at_request_tokens": 0})
         return
     yield from _offline_hicache(a)
 
@@ -162,14 +162,15 @@ def _offline_hicache(a: Analysis) -> Iterator[Recommendation]:
     if size_gb < MIN_HICACHE_GB or not worth_it(tokens, t):
         return
     yield Recommendation(
-        "--enable-hierarchical-cache --hicache-size", str(size_gb), None, tokens, "estimated",
-        "A host-RAM tier of {} GB per rank (decimal GB, as --hicache-size reads it: {}× the {} GPU pool = {:.2f} "
-        "GB, rounded up), {} GB for {} ranks plus SGLang's 10 GiB host reserve, keeps ~{:,} more tokens of prefix "
-        "cache per rank. It does not add concurrent GPU requests: it saves recomputing shared prefixes and long "
+        flag="--enable-hierarchical-cache --hicache-size", value=str(size_gb), gain_bytes=None, gain_tokens=tokens,
+        basis="estimated",
+        rationale="A host-RAM tier of {} GB per rank (decimal GB, as --hicache-size reads it: {}× the {} GPU pool = "
+        "{:.2f} GB, rounded up), {} GB for {} ranks plus SGLang's 10 GiB host reserve, keeps ~{:,} more tokens of "
+        "prefix cache per rank. It does not add concurrent GPU requests: it saves recomputing shared prefixes and long "
         "multi-turn contexts. Host RAM is not visible in a log; `kvforensics inspect` on the node sizes this "
         "from the free RAM there.".format(size_gb, HICACHE_POOL_RATIO, gib(r.target.kv_bytes), host_per_rank / 1e9,
                                           size_gb * ranks, ranks, tokens),
-        {"at_context_len": 0, "at_request_tokens": 0})
+        gain_requests={"at_context_len": 0, "at_request_tokens": 0})
 
 
 def max_running_requests(a: Analysis) -> Iterator[Recommendation]:
@@ -180,12 +181,12 @@ def max_running_requests(a: Analysis) -> Iterator[Recommendation]:
     if fit <= s.max_running_requests:
         return
     yield Recommendation(
-        "--max-running-requests", str(fit), 0, 0, "estimated",
-        "The KV pool holds {:,} requests of {:,} tokens but only {:,} may run at once. Raising the limit "
+        flag="--max-running-requests", value=str(fit), gain_bytes=0, gain_tokens=0, basis="estimated",
+        rationale="The KV pool holds {:,} requests of {:,} tokens but only {:,} may run at once. Raising the limit "
         "uses the pool you already have; the req_to_token table grows by {} per extra slot.".format(
             fit, a.options.request_tokens, s.max_running_requests,
             gib(4 * s.context_len) if s.context_len else "4 B × context_len"),
-        {"at_context_len": 0, "at_request_tokens": fit - s.max_running_requests})
+        gain_requests={"at_context_len": 0, "at_request_tokens": fit - s.max_running_requests})
 
 
 def cuda_graph_max_bs(a: Analysis) -> Iterator[Recommendation]:
@@ -208,12 +209,13 @@ def cuda_graph_max_bs(a: Analysis) -> Iterator[Recommendation]:
     if saved < 64 << 20 or not worth_it(saved // a.budget.cell_bytes, s.max_total_num_tokens):
         return
     yield Recommendation(
-        "--cuda-graph-max-bs", str(s.max_running_requests), saved, saved // a.budget.cell_bytes, "estimated",
-        "Graphs are captured for batch sizes up to {} but at most {} requests run; {} of {} captured sizes "
+        flag="--cuda-graph-max-bs", value=str(s.max_running_requests), gain_bytes=saved,
+        gain_tokens=saved // a.budget.cell_bytes, basis="estimated",
+        rationale="Graphs are captured for batch sizes up to {} but at most {} requests run; {} of {} captured sizes "
         "can never be used. Graph memory scales roughly with the number of sizes: ~{} of {} freed, "
         "reclaimable with a higher --mem-fraction-static.".format(
             bs, s.max_running_requests, len(sizes) - len(kept), len(sizes), gib(saved), gib(r.target.graph_bytes)),
-        gain_requests(a, saved // a.budget.cell_bytes))
+        gain_requests=gain_requests(a, saved // a.budget.cell_bytes))
 
 
 def startup_failure_fix(a: Analysis) -> Iterator[Recommendation]:
@@ -227,15 +229,17 @@ def startup_failure_fix(a: Analysis) -> Iterator[Recommendation]:
         floor = 1 - b.post_min_bytes / b.pre_min_bytes
         new = math.ceil((floor + 0.02) * 100) / 100
         yield Recommendation(
-            "--mem-fraction-static", "{:.2f}".format(new), int((new - floor) * b.pre_min_bytes), None, "estimated",
-            "The minimum that leaves any KV budget is {:.4f}; {:.2f} gives the pool {}. If that is too small, "
-            "spread the weights over more GPUs (--tp-size) or use a quantised checkpoint.".format(
+            flag="--mem-fraction-static", value="{:.2f}".format(new), gain_bytes=int((new - floor) * b.pre_min_bytes),
+            gain_tokens=None, basis="estimated",
+            rationale="The minimum that leaves any KV budget is {:.4f}; {:.2f} gives the pool {}. If that is too "
+            "small, spread the weights over more GPUs (--tp-size) or use a quantised checkpoint.".format(
                 floor, new, gib((new - floor) * b.pre_min_bytes)))
     elif cause == "cuda_graph_capture_failed" or (cause == "cuda_out_of_memory" and f.stage == "graph_capture"):
         bs = a.server_args.get("cuda_graph_max_bs")
         value = str(max(1, bs // 2)) if isinstance(bs, int) else "a smaller value"
-        yield Recommendation("--cuda-graph-max-bs", value, None, None, "estimated",
-                             "Graph capture ran out of the reserve; fewer captured batch sizes need less. "
+        yield Recommendation(flag="--cuda-graph-max-bs", value=value, gain_bytes=None, gain_tokens=None,
+                             basis="estimated",
+                             rationale="Graph capture ran out of the reserve; fewer captured batch sizes need less. "
                              "Alternatively lower --mem-fraction-static by 0.02–0.05.")
 
 

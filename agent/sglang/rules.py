@@ -77,8 +77,9 @@ def startup_failed(a: Analysis) -> Iterator[Finding]:
         detail += " The last free figure before it: {} ({}); that memory was not left over, the startup died.".format(
             gib(free), at)
         proof += "; last free figure {} ({})".format(gib(free), at)
-    yield Finding("startup_failed", "critical", "The startup failed during {}: {}".format(stage, explain), detail,
-                  None, (f.where,), proof=proof)
+    yield Finding(code="startup_failed", severity="critical",
+                  title="The startup failed during {}: {}".format(stage, explain), detail=detail, bytes=None,
+                  evidence=(f.where,), proof=proof)
 
 
 def incomplete_startup(a: Analysis) -> Iterator[Finding]:
@@ -97,15 +98,15 @@ def incomplete_startup(a: Analysis) -> Iterator[Finding]:
         if free is not None else ""
     not_shown = ", ".join(missing) or "the scheduler summary"
     last = "last free figure {} ({}); ".format(gib(free), at) if free is not None else ""
-    yield Finding("incomplete_startup", "info", title,
-                  "Not shown: {}.{} Graph capture, the draft model or a crash may come later, so this report makes "
-                  "no unused-memory verdict and recommends no --mem-fraction-static raise. To settle it, include the "
-                  "startup from `server_args=` to the `max_total_num_tokens=` summary line, or run `kvforensics "
-                  "inspect` on the node.".format(not_shown, seen),
-                  None, (where(p.last_event),) if p.last_event is not None else (),
+    yield Finding(code="incomplete_startup", severity="info", title=title,
+                  detail="Not shown: {}.{} Graph capture, the draft model or a crash may come later, so this report "
+                  "makes no unused-memory verdict and recommends no --mem-fraction-static raise. To settle it, include "
+                  "the startup from `server_args=` to the `max_total_num_tokens=` summary line, or run `kvforensics "
+                  "inspect` on the node.".format(not_shown, seen), bytes=None,
+                  evidence=(where(p.last_event),) if p.last_event is not None else (),
                   proof="{}not shown: {}".format(last, not_shown),
                   action="paste the startup from `server_args=` to the `max_total_num_tokens=` line, or run "
-                         "`kvforensics inspect` on the node")
+                  "`kvforensics inspect` on the node")
 
 
 def mem_fraction_semantics(a: Analysis) -> Iterator[Finding]:
@@ -138,7 +139,8 @@ def mem_fraction_semantics(a: Analysis) -> Iterator[Finding]:
         f, gib(pre), gib(reserve), gib(post), gib(reserve), gib(post - reserve))
     if kv is not None:
         proof += " (logged {})".format(gib(kv))
-    yield Finding("mem_fraction_semantics", "info", title, detail, reserve, evidence, proof=proof)
+    yield Finding(code="mem_fraction_semantics", severity="info", title=title, detail=detail, bytes=reserve,
+                  evidence=evidence, proof=proof)
 
 
 def reserve_breakdown(a: Analysis) -> List[Tuple[str, int, str]]:
@@ -180,9 +182,9 @@ def reserve_spent(a: Analysis) -> Iterator[Finding]:
     if not rows or a.budget.reserve_bytes is None:
         return
     parts = "; ".join("{} {} ({})".format(name, gib(n), src) for name, n, src in rows)
-    yield Finding("reserve_breakdown", "info",
-                  "Where the {} reserve went".format(gib(a.budget.reserve_bytes)),
-                  parts + ".", a.budget.reserve_bytes, ())
+    yield Finding(code="reserve_breakdown", severity="info",
+                  title="Where the {} reserve went".format(gib(a.budget.reserve_bytes)), detail=parts + ".",
+                  bytes=a.budget.reserve_bytes, evidence=())
 
 
 def kv_budget_check(a: Analysis) -> Iterator[Finding]:
@@ -195,9 +197,9 @@ def kv_budget_check(a: Analysis) -> Iterator[Finding]:
     detail = "; ".join(b.steps) + ". " + b.explanation + ". Bytes per token: {} ({}).".format(
         b.cell_bytes, b.cell_source)
     r = _min_rank(a)
-    yield Finding("kv_budget_check", sev, title, detail,
-                  None if b.cell_bytes is None else abs(b.predicted_tokens - b.logged_tokens) * b.cell_bytes,
-                  _ev(r, "pre_load_avail_bytes", "post_load_avail_bytes", "kv_tokens"))
+    yield Finding(code="kv_budget_check", severity=sev, title=title, detail=detail,
+                  bytes=None if b.cell_bytes is None else abs(b.predicted_tokens - b.logged_tokens) * b.cell_bytes,
+                  evidence=_ev(r, "pre_load_avail_bytes", "post_load_avail_bytes", "kv_tokens"))
 
 
 def draft_in_reserve(a: Analysis) -> Iterator[Finding]:
@@ -208,10 +210,10 @@ def draft_in_reserve(a: Analysis) -> Iterator[Finding]:
     spent = d.total_bytes
     kind = d.model_type or "the draft model"
     if a.budget.draft_in_budget:
-        yield Finding("draft_in_budget", "info",
-                      "The draft model ({}) is inside the KV budget (SGLang 0.5.14+)".format(kind),
-                      "Its weights ({}) were loaded before the KV pool was sized, and its KV is folded into "
-                      "the bytes per token.".format(gib(d.weights_bytes)), spent, _ev(r, "kv_bytes"))
+        yield Finding(code="draft_in_budget", severity="info",
+                      title="The draft model ({}) is inside the KV budget (SGLang 0.5.14+)".format(kind),
+                      detail="Its weights ({}) were loaded before the KV pool was sized, and its KV is folded into "
+                      "the bytes per token.".format(gib(d.weights_bytes)), bytes=spent, evidence=_ev(r, "kv_bytes"))
         return
     reserve = a.budget.reserve_bytes
     share = " — {:.0f}% of the {} reserve".format(100 * spent / reserve, gib(reserve)) if reserve else ""
@@ -221,9 +223,9 @@ def draft_in_reserve(a: Analysis) -> Iterator[Finding]:
         gib(d.weights_bytes), gib(d.kv_bytes), gib(d.workspace_bytes), gib(d.graph_bytes), share)
     evidence = tuple(s for s in (d.sources.get("weights_bytes"), d.sources.get("kv_bytes"),
                                  d.sources.get("graph_bytes")) if s)
-    yield Finding("draft_in_reserve", "warning" if reserve and spent > reserve / 4 else "info",
-                  "The draft model ({}) took {} out of the reserve".format(kind, gib(spent)),
-                  detail, spent, evidence)
+    yield Finding(code="draft_in_reserve", severity="warning" if reserve and spent > reserve / 4 else "info",
+                  title="The draft model ({}) took {} out of the reserve".format(kind, gib(spent)), detail=detail,
+                  bytes=spent, evidence=evidence)
 
 
 def kv_geometry_check(a: Analysis) -> Iterator[Finding]:
@@ -234,16 +236,18 @@ def kv_geometry_check(a: Analysis) -> Iterator[Finding]:
     logged = r.target.kv_bytes / (r.target.kv_tokens + a.page_size)
     diff = abs(logged - g.bytes_per_token) / g.bytes_per_token
     if diff <= GEOMETRY_TOLERANCE:
-        yield Finding("kv_geometry", "info", "Bytes per token match the model config: {:,} B".format(g.bytes_per_token),
-                      "{} = {:,} B ({} KV, {}); the log implies {:,.0f} B.".format(
-                          g.formula, g.bytes_per_token, g.kind.upper(), g.dtype, logged), None,
-                      _ev(r, "kv_bytes"))
+        yield Finding(code="kv_geometry", severity="info",
+                      title="Bytes per token match the model config: {:,} B".format(g.bytes_per_token),
+                      detail="{} = {:,} B ({} KV, {}); the log implies {:,.0f} B.".format(
+                          g.formula, g.bytes_per_token, g.kind.upper(), g.dtype, logged), bytes=None,
+                      evidence=_ev(r, "kv_bytes"))
         return
-    yield Finding("kv_geometry_mismatch", "warning",
-                  "The log's KV pool does not match the model config ({:,.0f} B vs {:,} B per token)".format(
+    yield Finding(code="kv_geometry_mismatch", severity="warning",
+                  title="The log's KV pool does not match the model config ({:,.0f} B vs {:,} B per token)".format(
                       logged, g.bytes_per_token),
-                  "From config: {} ({}). Check --kv-cache-dtype, the TP size, the layer count (PP), or "
-                  "whether the right config.json was given.".format(g.formula, g.dtype), None, _ev(r, "kv_bytes"))
+                  detail="From config: {} ({}). Check --kv-cache-dtype, the TP size, the layer count (PP), or "
+                  "whether the right config.json was given.".format(g.formula, g.dtype), bytes=None,
+                  evidence=_ev(r, "kv_bytes"))
 
 
 # SGLang's own adjustments and notes, as findings: event kind → (code, severity, title from the data).
@@ -265,10 +269,12 @@ def startup_notes(a: Analysis) -> Iterator[Finding]:
             continue
         code, severity, title = _NOTES[ev.kind]
         if ev.kind == "hicache_host":
-            yield Finding(code, severity, title(ev.data), ev.text + " (decimal GB: HiCache sizes use 1e9)",
-                          ev.data["host_bytes"], (where(ev),))
+            yield Finding(code=code, severity=severity, title=title(ev.data),
+                          detail=ev.text + " (decimal GB: HiCache sizes use 1e9)", bytes=ev.data["host_bytes"],
+                          evidence=(where(ev),))
         else:
-            yield Finding(code, severity, title(ev.data), ev.text, None, (where(ev),))
+            yield Finding(code=code, severity=severity, title=title(ev.data), detail=ev.text, bytes=None,
+                          evidence=(where(ev),))
 
 
 # SGLang's own log rules, in report order (agent/rulebook.py places them among the others).

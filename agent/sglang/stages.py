@@ -94,7 +94,8 @@ def progress(attributed: Attributed) -> Progress:
     if complete:
         summary = attributed.summaries[0]
         last = ("summary", summary)
-    return Progress(tuple(per_rank), last[0] if last else None, last[1] if last else None, complete)
+    return Progress(per_rank=tuple(per_rank), last_stage=last[0] if last else None,
+                    last_event=last[1] if last else None, complete=complete)
 
 
 def _frame_stage(frames: Sequence[LogEvent]) -> Tuple[Optional[str], bool]:
@@ -119,16 +120,35 @@ def failure(events: Sequence[LogEvent], attributed: Attributed, prog: Progress) 
     exceptions = [e for e in events if e.kind == "exception"]
     if not failures and not exceptions:
         return None
+    primary = _primary_failure(failures, exceptions)
+    cause = str(primary.data.get("cause", "exception"))
+    said = _exception_after(primary, exceptions)
+    message = said.text if said is not None and primary.kind != "exception" else primary.text
+    stage, how, draft = _failed_stage(cause, events, prog)
+    rank = primary.rank or (said.rank if said is not None else None)
+    return Failure(cause=cause, stage=stage, stage_source=how,
+                   message=message if len(message) <= 300 else message[:297] + "...", rank=rank or None,
+                   event=primary, draft=draft)
+
+
+def _primary_failure(failures: List[LogEvent], exceptions: List[LogEvent]) -> LogEvent:
+    """The line that explains the others: a specific cause, else the most telling generic one
+    (GENERIC_CAUSES' order), else the first exception."""
     specific = [e for e in failures if e.data.get("cause") not in GENERIC_CAUSES]
     generic = sorted((e for e in failures if e.data.get("cause") in GENERIC_CAUSES),
                      key=lambda e: GENERIC_CAUSES.index(str(e.data.get("cause"))))
-    primary = specific[0] if specific else (generic[0] if generic else exceptions[0])
-    cause = str(primary.data.get("cause", "exception"))
-    said = next((e for e in exceptions if _order(e) >= _order(primary) and e.data.get("text")), None) or next(
-        (e for e in exceptions if _order(e) >= _order(primary)), None)
-    message = primary.text
-    if said is not None and primary.kind != "exception":
-        message = said.text
+    return (specific or generic or exceptions)[0]
+
+
+def _exception_after(primary: LogEvent, exceptions: List[LogEvent]) -> Optional[LogEvent]:
+    """The exception at or after the failure line that says what went wrong: the first with text,
+    else the first."""
+    after = [e for e in exceptions if _order(e) >= _order(primary)]
+    return next((e for e in after if e.data.get("text")), after[0] if after else None)
+
+
+def _failed_stage(cause: str, events: Sequence[LogEvent], prog: Progress) -> Tuple[str, str, bool]:
+    """(the stage it died in, how that is known, whether the draft's runner raised it)."""
     # A traceback's frames come before the exception line that ends it: read all of the startup's.
     frame_stage, draft = _frame_stage([e for e in events if e.kind == "frame"])
     if cause in _CAUSE_STAGE:
@@ -139,9 +159,7 @@ def failure(events: Sequence[LogEvent], attributed: Attributed, prog: Progress) 
         stage, how = _after_last_stage(prog)
     if draft:  # the draft model's runner raised it: that is the stage that failed
         stage, how = "draft", how + "; the traceback runs through the draft worker"
-    rank = primary.rank or next((e.rank for e in (said,) if e is not None and e.rank), None)
-    return Failure(cause, stage, how, message if len(message) <= 300 else message[:297] + "...", rank or None,
-                   primary, draft)
+    return stage, how, draft
 
 
 def _after_last_stage(prog: Progress) -> Tuple[str, str]:

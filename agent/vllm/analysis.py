@@ -310,8 +310,8 @@ class Analysis:
         if moved is None or not cell:
             return None
         new, gain = moved
-        return KvChange("--gpu-memory-utilization", "{:.2f}".format(new), gain, gain // cell,
-                        "rounded down to 0.01 of the device total")
+        return KvChange(flag="--gpu-memory-utilization", value="{:.2f}".format(new), gain_bytes=gain,
+                        gain_tokens=gain // cell, rounding="rounded down to 0.01 of the device total")
 
     def headroom(self) -> Tuple[Optional[int], str]:
         """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget − the
@@ -347,71 +347,122 @@ _WORKER_FIELDS = {
 }
 _WORKER_KINDS = ("weights", "budget", "breakdown", "global_profile", "available_kv", "graph_end", "graph_estimate",
                  "graph_pool", "graph_advisory", "suggestion")
+_FREE_CHECK_FMTS = ("free_short", "maxlen_v1")  # failures that print the device's memory figures
+_UNSPECIFIC_CAUSES = GENERIC_CAUSES + ("cuda_out_of_memory",)
+_CONFIG_ARGS = ("max_model_len", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size")
 
 
 def _workers(events: Tuple[LogEvent, ...]) -> Tuple[Worker, ...]:
+    """One Worker per process prefix, in the order the log first names them."""
     per: Dict[str, Dict[str, Any]] = {}
-    order: List[str] = []
     for ev in events:
-        is_free_check = ev.kind == "failure" and ev.fmt in ("free_short", "maxlen_v1")
-        if ev.kind not in _WORKER_KINDS and not is_free_check:
+        if not _prints_worker_memory(ev):
             continue
-        rank = ev.rank or ""
-        if rank not in per:
-            per[rank] = {"sources": {}}
-            order.append(rank)
-        w = per[rank]
-        for key, value in ev.data.items():
-            name = _WORKER_FIELDS.get(key)
-            if name is None or value is None:
-                continue
-            if ev.kind == "breakdown" and key == "weights_bytes":
-                continue
-            if name == "weights_bytes" and ev.kind != "weights" and "weights_bytes" in w:
-                continue  # the weights line's 4 decimals beat a profiling message's 2
-            w[name] = value
-            w["sources"][name] = "{} ({})".format(where(ev), ev.data.get("header") or ev.fmt)
-        if ev.kind == "breakdown" and "weights_bytes" not in w:
-            w["weights_bytes"] = ev.data["profile_weights_bytes"]
-            w["sources"]["weights_bytes"] = where(ev)
-        if ev.kind == "global_profile":
-            d = ev.data
-            w["requested_bytes"] = int(d["total_bytes"] * d["utilization"])
-            w["activation_peak_bytes"] = d["peak_torch_bytes"]  # torch peak, weights included (0.6.4.x)
-            w["sources"]["requested_bytes"] = "total_gpu_memory × gpu_memory_utilization ({})".format(where(ev))
-    return tuple(Worker(rank=r, **{k: v for k, v in per[r].items()}) for r in order)
+        w = per.setdefault(ev.rank or "", {"sources": {}})
+        _take_figures(ev, w)
+        _take_profile_figures(ev, w)
+    return tuple(Worker(rank=r, **fields) for r, fields in per.items())
+
+
+def _prints_worker_memory(ev: LogEvent) -> bool:
+    return ev.kind in _WORKER_KINDS or (ev.kind == "failure" and ev.fmt in _FREE_CHECK_FMTS)
+
+
+def _take_figures(ev: LogEvent, w: Dict[str, Any]) -> None:
+    """The line's figures that are Worker fields, each cited with the line and the message it came from."""
+    for key, value in ev.data.items():
+        name = _WORKER_FIELDS.get(key)
+        if name is None or value is None or _keeps_own_weights(ev, key, name, w):
+            continue
+        w[name] = value
+        w["sources"][name] = "{} ({})".format(where(ev), ev.data.get("header") or ev.fmt)
+
+
+def _keeps_own_weights(ev: LogEvent, key: str, name: str, w: Dict[str, Any]) -> bool:
+    """Whether the worker keeps the weights figure it has (or will get) over this line's."""
+    if ev.kind == "breakdown" and key == "weights_bytes":
+        return True  # a profiling breakdown's weights come in through _take_profile_figures, last
+    # the weights line's 4 decimals beat a profiling message's 2
+    return name == "weights_bytes" and ev.kind != "weights" and "weights_bytes" in w
+
+
+def _take_profile_figures(ev: LogEvent, w: Dict[str, Any]) -> None:
+    """The figures a profiling line gives under other names than the Worker fields'."""
+    if ev.kind == "breakdown" and "weights_bytes" not in w:
+        w["weights_bytes"] = ev.data["profile_weights_bytes"]
+        w["sources"]["weights_bytes"] = where(ev)
+    if ev.kind == "global_profile":
+        d = ev.data
+        w["requested_bytes"] = int(d["total_bytes"] * d["utilization"])
+        w["activation_peak_bytes"] = d["peak_torch_bytes"]  # torch peak, weights included (0.6.4.x)
+        w["sources"]["requested_bytes"] = "total_gpu_memory × gpu_memory_utilization ({})".format(where(ev))
 
 
 def _era(events: Tuple[LogEvent, ...]) -> Era:
-    since: Optional[Version] = None
-    until: Optional[Version] = None
-    clues: List[str] = []
-    v1 = any(e.kind in _V1_KINDS or e.fmt in _V1_FMTS or (e.rank or "").startswith(("EngineCore", "Worker_"))
-             for e in events)
-    v0 = any(e.fmt in _V0_FMTS or (e.kind == "blocks" and e.data.get("cpu_blocks") is not None)
-             or (e.rank or "").startswith("VllmWorkerProcess") for e in events)
-    for ev in events:
-        if ev.kind == "engine_config" and ev.data.get("version"):
-            clues.append("{}: engine banner v{}".format(where(ev), ev.data["version"]))
-            v1 = v1 or ev.data.get("v1")
-            since, until = _banner_bounds(ev.data["version"], since, until)
-        row = BY_NAME.get(ev.fmt)
-        for clue in row.clues if row else ():
-            found = clue(ev.data, ev.text)
-            if found is None:
-                continue
-            lo, hi, why = found
-            if lo is not None and (since is None or lo > since):
-                since = lo
-            if hi is not None and (until is None or hi < until):
-                until = hi
-            clues.append("{}: {}".format(where(ev), why))
-    family = "V1" if v1 and not v0 else ("V0" if v0 and not v1 else None)
+    since, until, clues = _release_bounds(events)
+    family = _family(events)
     names = [n for n, lo, hi, _ in ERAS if (family is None or n.startswith(family))
              and (since is None or hi >= since) and (until is None or lo <= until)]
     inside = {g for n, lo, hi, g in ERAS if n in names}
-    return Era(family, since, until, names[0] if len(names) == 1 else None,
-               inside.pop() if len(inside) == 1 else None, tuple(dict.fromkeys(clues)))
+    return Era(family=family, since=since, until=until, name=names[0] if len(names) == 1 else None,
+               graphs_inside=inside.pop() if len(inside) == 1 else None, clues=tuple(dict.fromkeys(clues)))
+
+
+def _family(events: Tuple[LogEvent, ...]) -> Optional[str]:
+    """V1 or V0 when only that engine generation's lines are in the log; None with both or neither."""
+    v1 = any(_v1_line(e) for e in events)
+    v0 = any(_v0_line(e) for e in events)
+    if v1 == v0:
+        return None
+    return "V1" if v1 else "V0"
+
+
+def _v1_line(ev: LogEvent) -> bool:
+    return (ev.kind in _V1_KINDS or ev.fmt in _V1_FMTS or (ev.rank or "").startswith(("EngineCore", "Worker_"))
+            or (_is_banner(ev) and bool(ev.data.get("v1"))))
+
+
+def _v0_line(ev: LogEvent) -> bool:
+    # Only V0 prints CPU (swap) blocks next to the GPU blocks.
+    return (ev.fmt in _V0_FMTS or (ev.kind == "blocks" and ev.data.get("cpu_blocks") is not None)
+            or (ev.rank or "").startswith("VllmWorkerProcess"))
+
+
+def _is_banner(ev: LogEvent) -> bool:
+    """The engine's banner line with its version."""
+    return ev.kind == "engine_config" and bool(ev.data.get("version"))
+
+
+def _release_bounds(events: Tuple[LogEvent, ...]) -> Tuple[Optional[Version], Optional[Version], List[str]]:
+    """(since, until, clues): the narrowest release range the lines allow, and why, in log order."""
+    since: Optional[Version] = None
+    until: Optional[Version] = None
+    clues: List[str] = []
+    for ev in events:
+        if _is_banner(ev):
+            clues.append("{}: engine banner v{}".format(where(ev), ev.data["version"]))
+            since, until = _banner_bounds(ev.data["version"], since, until)
+        for lo, hi, why in _format_clues(ev):
+            since, until = _narrowed(since, until, lo, hi)
+            clues.append("{}: {}".format(where(ev), why))
+    return since, until, clues
+
+
+def _format_clues(ev: LogEvent) -> List[Tuple[Optional[Version], Optional[Version], str]]:
+    """(since, until, why) for each release clue the line's format finds in it."""
+    row = BY_NAME.get(ev.fmt)
+    found = [clue(ev.data, ev.text) for clue in row.clues] if row else []
+    return [f for f in found if f is not None]
+
+
+def _narrowed(since: Optional[Version], until: Optional[Version], lo: Optional[Version],
+              hi: Optional[Version]) -> Tuple[Optional[Version], Optional[Version]]:
+    """The range [since, until] cut down to [lo, hi] (None: no bound on that side)."""
+    if lo is not None and (since is None or lo > since):
+        since = lo
+    if hi is not None and (until is None or hi < until):
+        until = hi
+    return since, until
 
 
 def _banner_bounds(text: str, since: Optional[Version], until: Optional[Version]) -> Tuple[Optional[Version],
@@ -438,41 +489,83 @@ def _failure(events: Tuple[LogEvent, ...], workers: Tuple[Worker, ...], stages: 
     exceptions = [e for e in events if e.kind == "exception"]
     if not failures and not exceptions:
         return None
-    specific = [e for e in failures if e.data.get("cause") not in GENERIC_CAUSES + ("cuda_out_of_memory",)]
+    primary = _primary_failure(failures, exceptions)
+    cause = str(primary.data.get("cause", "exception"))
+    message = _failure_message(primary, cause, exceptions)
+    no_kv = _no_kv_memory(cause, workers, primary, message)
+    if no_kv is not None:
+        return no_kv
+    stage, how = _failed_stage(cause, events, stages, last)
+    return Failure(cause=cause, stage=stage, stage_source=how,
+                   message=message if len(message) <= 300 else message[:297] + "...",
+                   rank=primary.rank or None, event=primary)
+
+
+def _primary_failure(failures: List[LogEvent], exceptions: List[LogEvent]) -> LogEvent:
+    """The line that explains the others: a specific cause, else a CUDA OOM, else the most telling
+    generic one (GENERIC_CAUSES' order), else the first exception."""
+    specific = [e for e in failures if e.data.get("cause") not in _UNSPECIFIC_CAUSES]
     oom = [e for e in failures if e.data.get("cause") == "cuda_out_of_memory"]
     generic = sorted((e for e in failures if e.data.get("cause") in GENERIC_CAUSES),
                      key=lambda e: GENERIC_CAUSES.index(str(e.data.get("cause"))))
-    primary = (specific or oom or generic or exceptions)[0]
-    cause = str(primary.data.get("cause", "exception"))
+    return (specific or oom or generic or exceptions)[0]
+
+
+def _failure_message(primary: LogEvent, cause: str, exceptions: List[LogEvent]) -> str:
+    """A generic failure ('Engine core initialization failed') says little: the first exception with
+    text at or after it says what went wrong."""
+    if primary.kind == "exception" or cause not in GENERIC_CAUSES:
+        return primary.text
     said = next((e for e in exceptions if _order(e) >= _order(primary) and e.data.get("text")), None)
-    message = said.text if said is not None and primary.kind != "exception" and cause in GENERIC_CAUSES \
-        else primary.text
-    frame_stage = None
-    for f in (e for e in events if e.kind == "frame"):
-        for funcs, name in _FRAME_STAGE:
-            if f.data.get("func") in funcs:
-                frame_stage = name
-    if cause in GENERIC_CAUSES + ("cuda_out_of_memory",):
-        kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
-        if cause != "cuda_out_of_memory" and kv and min(kv) <= 0:
-            cause = "no_kv_memory"
-            return Failure(cause, "kv_cache", "the KV figure before it ({} GiB): vLLM raises 'No available memory "
-                           "for the cache blocks'".format(round(min(kv) / 2**30, 2)), message, primary.rank or None,
-                           primary)
+    return said.text if said is not None else primary.text
+
+
+def _no_kv_memory(cause: str, workers: Tuple[Worker, ...], primary: LogEvent, message: str) -> Optional[Failure]:
+    """A generic failure after a worker's KV figure came out ≤ 0 is vLLM's 'No available memory for
+    the cache blocks' (its message is not always in the log)."""
+    kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
+    if cause not in GENERIC_CAUSES or not kv or min(kv) > 0:
+        return None
+    return Failure(cause="no_kv_memory", stage="kv_cache",
+                   stage_source="the KV figure before it ({} GiB): vLLM raises 'No available memory for the cache "
+                   "blocks'".format(round(min(kv) / 2**30, 2)), message=message, rank=primary.rank or None,
+                   event=primary)
+
+
+def _failed_stage(cause: str, events: Tuple[LogEvent, ...], stages: List[str],
+                  last: Optional[LogEvent]) -> Tuple[str, str]:
+    """(the stage the startup died in, how that is known), from the surest sign to the weakest."""
     if cause in _CAUSE_STAGE:
-        stage, how = _CAUSE_STAGE[cause], "the message"
-    elif frame_stage is not None:
-        stage, how = frame_stage, "traceback frames"
-    elif "graph_capture" in stages and not any(e.kind == "graph_end" for e in events):
-        stage, how = "graph_capture", "a CUDA graph capture began and never finished"
-    elif last is not None:
-        i = STAGES.index(stages[-1]) if stages else -1
-        stage = STAGES[min(i + 1, len(STAGES) - 2)] if i >= 0 else "unknown"
-        how = "the last stage the log shows ({}, {})".format(stages[-1] if stages else "none", where(last))
-    else:
-        stage, how = "unknown", "nothing in the log shows how far it got"
-    return Failure(cause, stage, how, message if len(message) <= 300 else message[:297] + "...",
-                   primary.rank or None, primary)
+        return _CAUSE_STAGE[cause], "the message"
+    frame_stage = _frame_stage(events)
+    if frame_stage is not None:
+        return frame_stage, "traceback frames"
+    if "graph_capture" in stages and not any(e.kind == "graph_end" for e in events):
+        return "graph_capture", "a CUDA graph capture began and never finished"
+    if last is None:
+        return "unknown", "nothing in the log shows how far it got"
+    if not stages:
+        return "unknown", "the last stage the log shows (none, {})".format(where(last))
+    # It died in the stage after the last one the log shows; the latest a startup can die in is graph capture.
+    i = STAGES.index(stages[-1])
+    return STAGES[min(i + 1, len(STAGES) - 2)], "the last stage the log shows ({}, {})".format(stages[-1], where(last))
+
+
+def _frame_stage(events: Tuple[LogEvent, ...]) -> Optional[str]:
+    """The stage of the innermost traceback frame that names a function _FRAME_STAGE knows."""
+    stage = None
+    for ev in events:
+        if ev.kind == "frame":
+            stage = _stage_of_function(ev.data.get("func")) or stage
+    return stage
+
+
+def _stage_of_function(func: Any) -> Optional[str]:
+    found = None
+    for funcs, name in _FRAME_STAGE:
+        if func in funcs:
+            found = name
+    return found
 
 
 def _given(flags: Dict[str, Any], key: str) -> Optional[float]:
@@ -506,38 +599,89 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
                    fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
     """``fallback_args``: the live server's command-line flags, for what the log does not print."""
     events = startup.events
-    problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
     workers = _workers(events)
     era = _era(events)
+    args = _server_args(events, fallback_args)
+    tokens_evs = [e for e in events if e.kind == "kv_tokens" and e.data.get("tokens") is not None]
+    reports = tuple(e.data["tokens"] for e in tokens_evs)
+    tokens = min(reports) if reports else None
+    gpu_blocks, cpu_blocks = _blocks(events)
+    conc_ev, conc = _concurrency(events, tokens_evs)
+    maxlen = _max_model_len(events, args, conc)
+    stages, last = _stages(events)
+    complete, died = _outcome(startup, workers, stages, last)
+    geo, geo_note = _geometry(opts.model_config, args, era)
+    return Analysis(
+        target=target, status="ok" if complete or died is not None else "partial",
+        problems=_problems(reader_notes, complete, died, stages, workers, era), era=era, server_args=args,
+        startup_index=index, startup_count=count, startup_first_line=startup.first_line, ranks=workers,
+        kv_cache_tokens=tokens, kv_cache_reports=reports, gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
+        max_model_len=maxlen, kv_cache_dtype=args.get("kv_cache_dtype"), max_concurrency=conc,
+        concurrency_source=where(conc_ev) if conc_ev else "", checks=tuple(_checks(workers, events, era)),
+        stages_seen=tuple(stages), last_event=last, complete=complete, failure=died, options=opts, events=events,
+        budget=Budget(cell_bytes=_cell_bytes(workers, tokens, era)), geometry=geo, geometry_note=geo_note,
+        # The shared protocol's pool and length: the binding KV report and max_model_len (vLLM prints
+        # no request-slot count; --max-num-seqs is a flag, not a log line).
+        summary=Summary(max_total_num_tokens=tokens, max_running_requests=None, context_len=maxlen,
+                        source=where(tokens_evs[reports.index(tokens)]) if tokens is not None else ""))
+
+
+def _server_args(events: Tuple[LogEvent, ...], fallback_args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The engine's arguments as the log prints them (the args line, the banner, the KV dtype line),
+    then the live server's flags for the ones it does not."""
     args: Dict[str, Any] = {}
     for ev in events:
         if ev.kind == "args":
             args.update(ev.data["args"])
         elif ev.kind == "engine_config":
-            args.update({k: ev.data[k] for k in ("max_model_len", "kv_cache_dtype", "tensor_parallel_size",
-                                                 "pipeline_parallel_size") if ev.data.get(k) is not None})
+            args.update({k: ev.data[k] for k in _CONFIG_ARGS if ev.data.get(k) is not None})
         elif ev.kind == "kv_dtype":
             args.setdefault("kv_cache_dtype", ev.data["kv_cache_dtype"])
     for key, value in (fallback_args or {}).items():
         args.setdefault(key, value)
-    tokens_evs = [e for e in events if e.kind == "kv_tokens" and e.data.get("tokens") is not None]
-    reports = tuple(e.data["tokens"] for e in tokens_evs)
-    blocks_ev = next((e for e in events if e.kind == "blocks"), None)
-    # Before 0.12 every worker prints its own line; vLLM then gives every worker the smallest block
-    # count (kv_cache_utils.py get_kv_cache_configs / unify_kv_cache_configs), so the least binds.
+    return args
+
+
+def _blocks(events: Tuple[LogEvent, ...]) -> Tuple[Optional[int], Optional[int]]:
+    """(GPU blocks, CPU blocks) of the first blocks line; V1 prints no CPU blocks."""
+    ev = next((e for e in events if e.kind == "blocks"), None)
+    if ev is None:
+        return None, None
+    return ev.data["gpu_blocks"], ev.data.get("cpu_blocks")
+
+
+def _concurrency(events: Tuple[LogEvent, ...],
+                 tokens_evs: List[LogEvent]) -> Tuple[Optional[LogEvent], Optional[Dict[str, Any]]]:
+    """(the line, its figures) of the binding 'Maximum concurrency', on its own line or inside a KV
+    tokens line. Before 0.12 every worker prints its own line; vLLM then gives every worker the
+    smallest block count (kv_cache_utils.py get_kv_cache_configs / unify_kv_cache_configs), so the
+    least binds."""
     conc_evs = [e for e in events if e.kind == "concurrency" and e.data and e.data.get("times") is not None]
     conc_ev = min(conc_evs, key=lambda e: e.data["times"], default=None)
-    conc = dict(conc_ev.data) if conc_ev else None
-    if conc is None:
-        merged = next((e for e in tokens_evs if e.data.get("concurrency")), None)
-        conc_ev, conc = (merged, dict(merged.data["concurrency"])) if merged else (None, None)
-    if conc is not None:
-        conc.pop("header", None)
-        conc.pop("repeated", None)
-    maxlen = args.get("max_model_len") or (conc["tokens_per_request"] if conc else None)
-    failed_len = next((e.data["max_model_len"] for e in events if e.kind == "failure"
-                       and e.data.get("cause") == "max_model_len_too_large"), None)
-    maxlen = failed_len or maxlen
+    if conc_ev is not None:
+        conc = dict(conc_ev.data)
+    else:
+        conc_ev = next((e for e in tokens_evs if e.data.get("concurrency")), None)
+        if conc_ev is None:
+            return None, None
+        conc = dict(conc_ev.data["concurrency"])
+    conc.pop("header", None)
+    conc.pop("repeated", None)
+    return conc_ev, conc
+
+
+def _max_model_len(events: Tuple[LogEvent, ...], args: Dict[str, Any],
+                   conc: Optional[Dict[str, Any]]) -> Optional[int]:
+    """The length a 'max_model_len too large' failure refused, else the arguments', else the
+    concurrency line's tokens per request."""
+    logged = args.get("max_model_len") or (conc["tokens_per_request"] if conc else None)
+    refused = next((e.data["max_model_len"] for e in events if e.kind == "failure"
+                    and e.data.get("cause") == "max_model_len_too_large"), None)
+    return refused or logged
+
+
+def _stages(events: Tuple[LogEvent, ...]) -> Tuple[List[str], Optional[LogEvent]]:
+    """The startup stages the log shows, in the order first seen, and the last line that shows one."""
     stages: List[str] = []
     last: Optional[LogEvent] = None
     for ev in events:
@@ -547,17 +691,33 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
         if st not in stages:
             stages.append(st)
         last = ev
+    return stages, last
+
+
+def _outcome(startup: Startup, workers: Tuple[Worker, ...], stages: List[str],
+             last: Optional[LogEvent]) -> Tuple[bool, Optional[Failure]]:
+    """(complete, the failure): a closed startup without failure lines that reached 'ready' needs no
+    failure analysis; any failure found makes the startup incomplete."""
+    events = startup.events
     complete = startup.closed and not any(e.kind in ("failure", "exception") for e in events)
-    died = _failure(events, workers, stages, last) if not (complete and "ready" in stages) else None
-    if died is not None:
-        complete = False
-    binding_kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
-    cell = None
-    tokens = min(reports) if reports else None
-    if tokens and binding_kv and min(binding_kv) > 0 and not (era.since and era.since >= (0, 21, 0)):
-        cell = int(min(binding_kv) / tokens)
-    checks = tuple(_checks(workers, events, era))
-    geo, geo_note = _geometry(opts.model_config, args, era)
+    if complete and "ready" in stages:
+        return complete, None
+    died = _failure(events, workers, stages, last)
+    return complete and died is None, died
+
+
+def _cell_bytes(workers: Tuple[Worker, ...], tokens: Optional[int], era: Era) -> Optional[int]:
+    """KV bytes per token: the binding worker's KV memory ÷ the binding KV report; only before 0.21
+    (from 0.21 the token figure is concurrency × max_model_len, not the blocks' tokens)."""
+    kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
+    if not tokens or not kv or min(kv) <= 0 or (era.since and era.since >= (0, 21, 0)):
+        return None
+    return int(min(kv) / tokens)
+
+
+def _problems(reader_notes: Tuple[str, ...], complete: bool, died: Optional[Failure], stages: List[str],
+              workers: Tuple[Worker, ...], era: Era) -> Tuple[Problem, ...]:
+    problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]
     if not complete and died is None:
         problems.append(Problem("log.fragment", "the log stops before the engine finished starting (last stage: {})"
                                 .format(STAGE_WORDS.get(stages[-1], "none") if stages else "none")))
@@ -567,16 +727,7 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
         problems.append(Problem("log.version_conflict", "the log's release clues contradict each other ({}; "
                                 "engine.version_clues lists them): lines of two releases in one startup, or an "
                                 "edited log; the era is left open".format(era.hint)))
-    return Analysis(
-        target, "ok" if complete or died is not None else "partial", tuple(problems), era, args, index, count,
-        startup.first_line, workers, tokens, reports, blocks_ev.data["gpu_blocks"] if blocks_ev else None,
-        blocks_ev.data.get("cpu_blocks") if blocks_ev else None, maxlen,
-        args.get("kv_cache_dtype"), conc, where(conc_ev) if conc_ev else "", checks, tuple(stages), last,
-        complete, died, opts, events, budget=Budget(cell),
-        geometry=geo, geometry_note=geo_note,
-        # The shared protocol's pool and length: the binding KV report and max_model_len (vLLM prints
-        # no request-slot count; --max-num-seqs is a flag, not a log line).
-        summary=Summary(tokens, None, maxlen, where(tokens_evs[reports.index(tokens)]) if tokens is not None else ""))
+    return tuple(problems)
 
 
 def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era) -> List[Check]:
@@ -590,17 +741,20 @@ def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era)
                 continue
             pred = budget.data["requested_bytes"] - d["profile_weights_bytes"] - d["non_torch_bytes"] \
                 - d["activation_bytes"]
-            out.append(Check(rank, "total_gpu_memory × gpu_memory_utilization − weights − non_torch − activation peak "
-                             "(vLLM 0.6.5–0.10.2 worker.py determine_num_available_blocks)", pred,
-                             d["available_kv_bytes"], 4 * PRINT_TOLERANCE_BYTES, (where(budget), where(ev))))
+            out.append(Check(rank=rank, formula="total_gpu_memory × gpu_memory_utilization − weights − non_torch − "
+                             "activation peak (vLLM 0.6.5–0.10.2 worker.py determine_num_available_blocks)",
+                             predicted_bytes=pred, logged_bytes=d["available_kv_bytes"],
+                             tolerance_bytes=4 * PRINT_TOLERANCE_BYTES, evidence=(where(budget), where(ev))))
         elif ev.kind == "global_profile":
             pred = int(d["total_bytes"] * d["utilization"]) - d["peak_torch_bytes"] - d["non_torch_bytes"]
-            out.append(Check(rank, "total_gpu_memory × gpu_memory_utilization − peak_torch − non_torch (vLLM 0.6.4.x "
-                             "worker.py determine_num_available_blocks)", pred, d["available_kv_bytes"],
-                             4 * PRINT_TOLERANCE_BYTES, (where(ev),)))
+            out.append(Check(rank=rank, formula="total_gpu_memory × gpu_memory_utilization − peak_torch − non_torch "
+                             "(vLLM 0.6.4.x worker.py determine_num_available_blocks)", predicted_bytes=pred,
+                             logged_bytes=d["available_kv_bytes"], tolerance_bytes=4 * PRINT_TOLERANCE_BYTES,
+                             evidence=(where(ev),)))
         elif ev.kind == "suggestion" and d.get("consumed_bytes") is not None and d.get("activation_bytes") is not None:
             pred = d["requested_bytes"] - d["consumed_bytes"] - d["activation_bytes"]
-            out.append(Check(rank, "requested − consumed (weights + non-torch) − peak activation (with the CUDA graph "
-                             "estimate) (vLLM 0.27+ gpu_worker.py determine_available_memory)", pred,
-                             d.get("available_kv_bytes"), 4 * PRINT_TOLERANCE_BYTES, (where(ev),)))
+            out.append(Check(rank=rank, formula="requested − consumed (weights + non-torch) − peak activation (with "
+                             "the CUDA graph estimate) (vLLM 0.27+ gpu_worker.py determine_available_memory)",
+                             predicted_bytes=pred, logged_bytes=d.get("available_kv_bytes"),
+                             tolerance_bytes=4 * PRINT_TOLERANCE_BYTES, evidence=(where(ev),)))
     return out

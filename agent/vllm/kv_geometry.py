@@ -61,12 +61,12 @@ def geometry(cfg: Dict[str, Any], tp: int = 1, kv_cache_dtype: Optional[str] = N
     layers = -(-mg.need(lm, "num_hidden_layers") // max(1, pp))
     if "kv_lora_rank" in lm:
         latent = mg.need(lm, "kv_lora_rank") + mg.need(lm, "qk_rope_head_dim")
-        return KvGeometry("mla", layers, int(latent * layers * elem), dtype,
-                          "({} + {}) × {} layers × {:g} B".format(lm["kv_lora_rank"], lm["qk_rope_head_dim"], layers,
-                                                                  elem))
+        return KvGeometry(kind="mla", layers=layers, bytes_per_token=int(latent * layers * elem), dtype=dtype,
+                          formula="({} + {}) × {} layers × {:g} B".format(lm["kv_lora_rank"], lm["qk_rope_head_dim"],
+                                                                          layers, elem))
     kv_heads, head_k, _ = mg.head_dims(lm)
     head_v = mg.optional_dim(lm, "v_head_dim", head_k)
     per_rank = max(1, kv_heads // max(1, tp))
-    return KvGeometry("mha", layers, int(per_rank * (head_k + head_v) * layers * elem), dtype,
-                      "max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(
+    return KvGeometry(kind="mha", layers=layers, bytes_per_token=int(per_rank * (head_k + head_v) * layers * elem),
+                      dtype=dtype, formula="max(1, {} KV heads // TP {}) × ({} + {}) × {} layers × {:g} B".format(
                           kv_heads, tp, head_k, head_v, layers, elem))

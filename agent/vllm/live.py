@@ -62,37 +62,45 @@ def place(engine: Engine, analysis: Optional[Analysis],
     workers = analysis.ranks if analysis is not None else ()
     by_pid = _by_pid(workers)
     by_name = {_name(w.rank): w for w in workers if w.rank}
-    bare = next((w for w in workers if not w.rank), None)
     names = [_name(w.rank) for w in workers]
-
-    def label(w: Optional[Worker], fallback: str, pid: int) -> str:
-        """A rank label that survives a restart (metrics key on it): the log's process name without
-        its PID when the name is unique (``Worker_TP0``), else the name and the GPU (V0's workers all
-        print ``VllmWorkerProcess``: ``VllmWorkerProcess GPU2``)."""
-        if w is None or not w.rank:
-            return fallback
-        name = _name(w.rank)
-        return name if names.count(name) == 1 else "{} GPU{}".format(name, gpu_of.get(pid, "?"))
-
     out: Dict[int, Tuple[str, List[LedgerItem]]] = {}
-    unmatched: List[int] = []
+    unmatched: List[int] = []  # untitled processes on a GPU that no PID in the log names
     for proc, title in engine.workers:
         if proc.pid not in gpu_of:
             continue
         w = by_pid.get(proc.pid) or (by_name.get(title) if title else None) or _engine_core(title, workers)
-        out[proc.pid] = (label(w, title or "pid {}".format(proc.pid), proc.pid), logged_items(w))
+        out[proc.pid] = (_label(w, title or "pid {}".format(proc.pid), proc.pid, names, gpu_of), logged_items(w))
         if w is None and not title:
             unmatched.append(proc.pid)
+    out.update(_driver(engine, workers, by_pid, names, gpu_of, unmatched))
+    return out
+
+
+def _label(w: Optional[Worker], fallback: str, pid: int, names: List[str], gpu_of: Dict[int, int]) -> str:
+    """A rank label that survives a restart (metrics key on it): the log's process name without
+    its PID when the name is unique (``Worker_TP0``), else the name and the GPU (V0's workers all
+    print ``VllmWorkerProcess``: ``VllmWorkerProcess GPU2``)."""
+    if w is None or not w.rank:
+        return fallback
+    name = _name(w.rank)
+    return name if names.count(name) == 1 else "{} GPU{}".format(name, gpu_of.get(pid, "?"))
+
+
+def _driver(engine: Engine, workers: Tuple[Worker, ...], by_pid: Dict[int, Worker], names: List[str],
+            gpu_of: Dict[int, int], unmatched: List[int]) -> Dict[int, Tuple[str, List[LedgerItem]]]:
+    """V0's driver worker (rank 0), whose lines carry no prefix: {PID: (label, items)}, or {} when
+    no process is it."""
+    bare = next((w for w in workers if not w.rank), None)
     server = engine.server
     titled = any(title for _, title in engine.workers)
     if server is not None and server.pid in gpu_of and not titled:
         # V0 run with --disable-frontend-multiprocessing (or before 0.6.0): the server process runs
         # the driver worker (rank 0) on its own GPU.
         w = by_pid.get(server.pid) or bare
-        out[server.pid] = (label(w, DRIVER, server.pid), logged_items(w))
-    elif bare is not None and len(unmatched) == 1:
+        return {server.pid: (_label(w, DRIVER, server.pid, names, gpu_of), logged_items(w))}
+    if bare is not None and len(unmatched) == 1:
         # V0 from 0.6.0: the OpenAI server spawns the engine (api_server.py build_async_engine_client_from_
         # engine_args, multiprocessing "spawn"), an untitled child that runs the driver; its lines carry no
         # prefix, the other ranks' print their PIDs.
-        out[unmatched[0]] = (DRIVER, logged_items(bare))
-    return out
+        return {unmatched[0]: (DRIVER, logged_items(bare))}
+    return {}

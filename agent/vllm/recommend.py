@@ -21,23 +21,27 @@ def on_failure(ctx: "Context") -> Iterator[Recommendation]:
     f = a.failed
     d = f.data
     if f.cause == "max_model_len_too_large" and d.get("fits_tokens"):
-        yield Recommendation("--max-model-len", str(d["fits_tokens"]), None, None, "estimated",
-                             "vLLM's own figure ({}): {:,} tokens fit in the KV cache, max_model_len {:,} does not."
-                             .format(f.where, d["fits_tokens"], d["max_model_len"]))
+        yield Recommendation(flag="--max-model-len", value=str(d["fits_tokens"]), gain_bytes=None, gain_tokens=None,
+                             basis="estimated",
+                             rationale="vLLM's own figure ({}): {:,} tokens fit in the KV cache, max_model_len {:,} "
+                             "does not.".format(f.where, d["fits_tokens"], d["max_model_len"]))
         if str(a.kv_cache_dtype).lower() in ("bfloat16", "float16", "half", "bf16", "fp16"):
-            yield Recommendation("--kv-cache-dtype", "fp8", None, None, "estimated",
-                                 "An 8-bit KV cache holds about twice the tokens of a 16-bit one in the same memory "
-                                 "(quality cost is model-dependent).")
+            yield Recommendation(flag="--kv-cache-dtype", value="fp8", gain_bytes=None, gain_tokens=None,
+                                 basis="estimated",
+                                 rationale="An 8-bit KV cache holds about twice the tokens of a 16-bit one in the same "
+                                 "memory (quality cost is model-dependent).")
     elif f.cause == "insufficient_free_memory" and d.get("total_bytes"):
         u = math.floor(d["free_bytes"] / d["total_bytes"] * 100) / 100
-        yield Recommendation("--gpu-memory-utilization", "{:.2f}".format(u), None, None, "estimated",
-                             "Free {} of {} at worker start ({}): the largest budget that passes the check is "
-                             "free / total; or free the memory other processes hold.".format(
+        yield Recommendation(flag="--gpu-memory-utilization", value="{:.2f}".format(u), gain_bytes=None,
+                             gain_tokens=None, basis="estimated",
+                             rationale="Free {} of {} at worker start ({}): the largest budget that passes the check "
+                             "is free / total; or free the memory other processes hold.".format(
                                  gib(d["free_bytes"]), gib(d["total_bytes"]), f.where))
     elif f.cause == "cuda_out_of_memory" and f.stage == "graph_capture" and a.era.graphs_inside is False:
-        yield Recommendation("--enforce-eager", "", None, None, "estimated",
-                             "The OOM came during CUDA graph capture, which in this era sits outside the budget; "
-                             "eager mode needs no graph memory (or lower --gpu-memory-utilization by the graph size).")
+        yield Recommendation(flag="--enforce-eager", value="", gain_bytes=None, gain_tokens=None, basis="estimated",
+                             rationale="The OOM came during CUDA graph capture, which in this era sits outside the "
+                             "budget; eager mode needs no graph memory (or lower --gpu-memory-utilization by the "
+                             "graph size).")
 
 
 def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
@@ -66,8 +70,8 @@ def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
     else:
         why = ("{} ({}) is below the {} margin: lowering the budget by {} per worker gives it back (the KV cache "
                "shrinks by as much).").format(free, h.how, gib(a.options.margin_bytes), gib(-gain))
-    yield Recommendation("--gpu-memory-utilization", "{:.2f}".format(new), gain, gain // cell if cell else None,
-                         basis, why)
+    yield Recommendation(flag="--gpu-memory-utilization", value="{:.2f}".format(new), gain_bytes=gain,
+                         gain_tokens=gain // cell if cell else None, basis=basis, rationale=why)
 
 
 RECOMMENDERS = [on_failure, resize_utilization]

@@ -39,8 +39,9 @@ def startup_failed(a: Analysis) -> Iterator[Finding]:
     if f.cause == "insufficient_free_memory":
         detail += " Free {} of {}; the budget asked {} (u = {:g}).".format(
             gib(d["free_bytes"]), gib(d["total_bytes"]), gib(d["requested_bytes"]), d["utilization"])
-    yield Finding("startup_failed", "critical", "The startup failed during {}: {}".format(stage, explain), detail,
-                  None, (f.where,))
+    yield Finding(code="startup_failed", severity="critical",
+                  title="The startup failed during {}: {}".format(stage, explain), detail=detail, bytes=None,
+                  evidence=(f.where,))
 
 
 def incomplete_startup(a: Analysis) -> Iterator[Finding]:
@@ -51,11 +52,12 @@ def incomplete_startup(a: Analysis) -> Iterator[Finding]:
     else:
         title = "The log stops before the startup finished: the last stage it shows is {} ({})".format(
             STAGE_WORDS[a.stages_seen[-1]], where(a.last_event))
-    yield Finding("incomplete_startup", "info", title,
-                  "vLLM's startup continues after this (KV cache allocation, CUDA graph capture, engine ready) and "
-                  "may still fail, so this report makes no unused-memory verdict and recommends no "
+    yield Finding(code="incomplete_startup", severity="info", title=title,
+                  detail="vLLM's startup continues after this (KV cache allocation, CUDA graph capture, engine ready) "
+                  "and may still fail, so this report makes no unused-memory verdict and recommends no "
                   "--gpu-memory-utilization raise. To settle it, include the startup up to 'init engine … took' or "
-                  "the API server's ready line.", None, (where(a.last_event),) if a.last_event is not None else ())
+                  "the API server's ready line.", bytes=None,
+                  evidence=(where(a.last_event),) if a.last_event is not None else ())
 
 
 def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
@@ -81,9 +83,11 @@ def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
         detail += " CUDA graphs are captured outside it, on top."
     if w.available_kv_bytes is not None:
         detail += " KV cache memory on {}: {}.".format(w.rank or "the worker", gib(w.available_kv_bytes))
-    yield Finding("gpu_memory_utilization_semantics", "info",
-                  "gpu_memory_utilization is a fraction of the GPU's total memory", detail, w.requested_bytes,
-                  tuple(s for s in (w.sources.get("requested_bytes"), w.sources.get("available_kv_bytes")) if s))
+    yield Finding(code="gpu_memory_utilization_semantics", severity="info",
+                  title="gpu_memory_utilization is a fraction of the GPU's total memory", detail=detail,
+                  bytes=w.requested_bytes,
+                  evidence=tuple(s for s in (w.sources.get("requested_bytes"), w.sources.get("available_kv_bytes"))
+                                 if s))
 
 
 def cudagraph_outside_budget(a: Analysis) -> Iterator[Finding]:
@@ -99,8 +103,9 @@ def cudagraph_outside_budget(a: Analysis) -> Iterator[Finding]:
               "--gpu-memory-utilization is this; --enforce-eager removes the graphs (slower decode). From 0.20.0 "
               "the graph estimate is inside the budget.").format(
         a.era.hint or "before 0.20.0", ": {}".format(gib(size)) if size else " (1–3 GiB per GPU, vLLM's own note)")
-    yield Finding("cudagraph_outside_budget", "info", "CUDA graphs are allocated outside vLLM's memory budget",
-                  detail, size, (where(graphs[0]),))
+    yield Finding(code="cudagraph_outside_budget", severity="info",
+                  title="CUDA graphs are allocated outside vLLM's memory budget", detail=detail, bytes=size,
+                  evidence=(where(graphs[0]),))
 
 
 def shared_gpu(a: Analysis) -> Iterator[Finding]:
@@ -110,14 +115,15 @@ def shared_gpu(a: Analysis) -> Iterator[Finding]:
         used = w.total_gpu_bytes - w.free_at_start_bytes
         if used < SHARED_GPU_BYTES:
             continue
-        yield Finding("shared_gpu", "warning",
-                      "{} of the GPU was already in use when {} started".format(gib(used), w.rank or "the worker"),
-                      "Free {} of {} at worker start ({}): something else (another process, a previous instance) "
-                      "holds memory on this GPU. vLLM ≥ 0.9.1 refuses to start when free memory is below T·u; "
-                      "older releases shrink the KV cache (0.6.4.x, V1 ≤ 0.9.0) or over-commit (V0 ≥ 0.6.5)."
+        yield Finding(code="shared_gpu", severity="warning",
+                      title="{} of the GPU was already in use when {} started".format(gib(used),
+                                                                                      w.rank or "the worker"),
+                      detail="Free {} of {} at worker start ({}): something else (another process, a previous "
+                      "instance) holds memory on this GPU. vLLM ≥ 0.9.1 refuses to start when free memory is below "
+                      "T·u; older releases shrink the KV cache (0.6.4.x, V1 ≤ 0.9.0) or over-commit (V0 ≥ 0.6.5)."
                       .format(gib(w.free_at_start_bytes), gib(w.total_gpu_bytes),
-                              w.sources.get("free_at_start_bytes", "")), used,
-                      (w.sources.get("free_at_start_bytes", ""),))
+                              w.sources.get("free_at_start_bytes", "")), bytes=used,
+                      evidence=(w.sources.get("free_at_start_bytes", ""),))
         return
 
 
@@ -127,20 +133,22 @@ def kv_budget_check(a: Analysis) -> Iterator[Finding]:
             continue
         sev = "info" if c.agrees else "warning"
         verdict = "agrees with" if c.agrees else "differs from"
-        yield Finding("kv_budget_check", sev, "vLLM's KV budget formula {} the logged KV memory{}".format(
-            verdict, " on " + c.rank if c.rank else ""),
-            "{} = {}; logged {} (tolerance {}: every figure is printed to 0.01 GiB).".format(
-                c.formula, gib(c.predicted_bytes), gib(c.logged_bytes), gib(c.tolerance_bytes)), c.logged_bytes,
-            c.evidence)
+        yield Finding(code="kv_budget_check", severity=sev,
+                      title="vLLM's KV budget formula {} the logged KV memory{}".format(
+                          verdict, " on " + c.rank if c.rank else ""),
+                      detail="{} = {}; logged {} (tolerance {}: every figure is printed to 0.01 GiB).".format(
+                          c.formula, gib(c.predicted_bytes), gib(c.logged_bytes), gib(c.tolerance_bytes)),
+                      bytes=c.logged_bytes, evidence=c.evidence)
         return
     w = a.binding()
     if a.budget.cell_bytes and w is not None and a.kv_cache_tokens:
-        yield Finding("kv_budget_check", "info", "The KV cache holds {:,} tokens in {}: ≈ {:,} bytes per token".format(
-            a.kv_cache_tokens, gib(w.available_kv_bytes), a.budget.cell_bytes),
-            "Available KV cache memory / GPU KV cache size = {:,} B per token (± print rounding; with full attention "
-            "in every layer: layers × KV heads per rank × head size × 2 × dtype bytes). A hybrid model's figure "
-            "differs.".format(a.budget.cell_bytes), None,
-            tuple(s for s in (w.sources.get("available_kv_bytes"),) if s))
+        yield Finding(code="kv_budget_check", severity="info",
+                      title="The KV cache holds {:,} tokens in {}: ≈ {:,} bytes per token".format(
+                          a.kv_cache_tokens, gib(w.available_kv_bytes), a.budget.cell_bytes),
+                      detail="Available KV cache memory / GPU KV cache size = {:,} B per token (± print rounding; with "
+                      "full attention in every layer: layers × KV heads per rank × head size × 2 × dtype bytes). A "
+                      "hybrid model's figure differs.".format(a.budget.cell_bytes), bytes=None,
+                      evidence=tuple(s for s in (w.sources.get("available_kv_bytes"),) if s))
 
 
 def concurrency_bound(a: Analysis) -> Iterator[Finding]:
@@ -157,14 +165,15 @@ def concurrency_bound(a: Analysis) -> Iterator[Finding]:
         at_typical = (" At {:,} tokens per request (--request-tokens): about {:,} at once (GPU KV cache size ÷ "
                       "request length; at least that many for a hybrid model).").format(
                           typical, a.kv_cache_tokens // typical)
-    yield Finding("concurrency_bound", sev,
-                  "The KV cache holds {:.2f}× requests of {:,} tokens at once".format(times, n),
-                  "vLLM's own figure ({}): 'Maximum concurrency for {:,} tokens per request: {:.2f}x'{}. {}{}".format(
+    yield Finding(code="concurrency_bound", severity=sev,
+                  title="The KV cache holds {:.2f}× requests of {:,} tokens at once".format(times, n),
+                  detail="vLLM's own figure ({}): 'Maximum concurrency for {:,} tokens per request: {:.2f}x'{}. "
+                  "{}{}".format(
                       a.concurrency_source, n, times,
                       "; GPU KV cache size {:,} tokens".format(a.kv_cache_tokens) if a.kv_cache_tokens else "",
                       "Not even one full-length request fits." if times < 1 else
-                      "More concurrent long requests than that wait for KV blocks (preemption).", at_typical), None,
-                  (a.concurrency_source,))
+                      "More concurrent long requests than that wait for KV blocks (preemption).", at_typical),
+                  bytes=None, evidence=(a.concurrency_source,))
 
 
 GEOMETRY_TOLERANCE = 0.03  # block rounding and the 0.01 GiB print of the KV memory stay well inside
@@ -175,28 +184,31 @@ def kv_geometry(a: Analysis) -> Iterator[Finding]:
     g = a.geometry
     if g is None:
         if a.geometry_note:
-            yield Finding("kv_geometry", "info", "Bytes per token not computed from the model config",
-                          a.geometry_note + ".", None, ())
+            yield Finding(code="kv_geometry", severity="info",
+                          title="Bytes per token not computed from the model config", detail=a.geometry_note + ".",
+                          bytes=None, evidence=())
         return
     logged = a.logged_bytes_per_token()
     if logged is None:
-        yield Finding("kv_geometry", "info", "Bytes per token from the model config: {:,} B".format(g.bytes_per_token),
-                      "{} ({} KV, {}); the log prints no KV memory and token count to compare.".format(
-                          g.formula, g.kind.upper(), g.dtype), None, ())
+        yield Finding(code="kv_geometry", severity="info",
+                      title="Bytes per token from the model config: {:,} B".format(g.bytes_per_token),
+                      detail="{} ({} KV, {}); the log prints no KV memory and token count to compare.".format(
+                          g.formula, g.kind.upper(), g.dtype), bytes=None, evidence=())
         return
     per_token, w = logged
     evidence = tuple(x for x in (w.sources.get("available_kv_bytes"), a.summary.source) if x)
     if abs(per_token - g.bytes_per_token) <= GEOMETRY_TOLERANCE * g.bytes_per_token:
-        yield Finding("kv_geometry", "info", "Bytes per token match the model config: {:,} B".format(g.bytes_per_token),
-                      "{} = {:,} B ({} KV, {}); the log implies {:,.0f} B (KV memory {} ÷ {:,} tokens).".format(
+        yield Finding(code="kv_geometry", severity="info",
+                      title="Bytes per token match the model config: {:,} B".format(g.bytes_per_token),
+                      detail="{} = {:,} B ({} KV, {}); the log implies {:,.0f} B (KV memory {} ÷ {:,} tokens).".format(
                           g.formula, g.bytes_per_token, g.kind.upper(), g.dtype, per_token, gib(w.available_kv_bytes),
-                          a.kv_cache_tokens), None, evidence)
+                          a.kv_cache_tokens), bytes=None, evidence=evidence)
         return
-    yield Finding("kv_geometry_mismatch", "warning",
-                  "The log's KV cache does not match the model config ({:,.0f} B vs {:,} B per token)".format(
+    yield Finding(code="kv_geometry_mismatch", severity="warning",
+                  title="The log's KV cache does not match the model config ({:,.0f} B vs {:,} B per token)".format(
                       per_token, g.bytes_per_token),
-                  "From the config: {} ({}). Check --kv-cache-dtype, the tensor/pipeline parallel sizes, or whether "
-                  "the right config.json was given.".format(g.formula, g.dtype), None, evidence)
+                  detail="From the config: {} ({}). Check --kv-cache-dtype, the tensor/pipeline parallel sizes, or "
+                  "whether the right config.json was given.".format(g.formula, g.dtype), bytes=None, evidence=evidence)
 
 
 HEADLINES = [startup_failed, incomplete_startup]

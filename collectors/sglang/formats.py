@@ -273,7 +273,8 @@ def _graph_clues(end: bool) -> Tuple:  # type: ignore[type-arg]
 
 def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues,
          anywhere: bool = False) -> LineFormat:  # type: ignore[no-untyped-def]
-    return LineFormat(name, kind, needle, re.compile(pattern), extract, tuple(clues), anywhere)
+    return LineFormat(name=name, kind=kind, needle=needle, pattern=re.compile(pattern), extract=extract,
+                      clues=tuple(clues), anywhere=anywhere)
 
 
 FORMATS: Tuple[LineFormat, ...] = (

@@ -92,10 +92,12 @@ def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[Lo
         text = msg if len(msg) <= 240 else msg[:237] + "..."
         if found is not None:
             row, data = found
-            events.append(LogEvent(row.kind, line, offset, rank, ts, data, text, raw, row.name))
+            events.append(LogEvent(kind=row.kind, line=line, offset=offset, rank=rank, ts=ts, data=data, text=text,
+                                   raw=raw, fmt=row.name))
         elif rank is not None and _MEMORY_FIGURE.search(msg):
             # An SGLang record with a memory figure in a shape no row knows: say so, never drop it silently.
-            events.append(LogEvent("unrecognized", line, offset, rank, ts, {}, text, raw, ""))
+            events.append(LogEvent(kind="unrecognized", line=line, offset=offset, rank=rank, ts=ts, data={}, text=text,
+                                   raw=raw, fmt=""))
     return events
 
 

@@ -58,7 +58,8 @@ def _fraction(text: Optional[str]) -> Optional[float]:
 
 
 def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywhere: bool = False) -> LineFormat:  # type: ignore[no-untyped-def]
-    return LineFormat(name, kind, needle, re.compile(pattern), extract, tuple(clues), anywhere)
+    return LineFormat(name=name, kind=kind, needle=needle, pattern=re.compile(pattern), extract=extract,
+                      clues=tuple(clues), anywhere=anywhere)
 
 
 def _has(word: str):  # type: ignore[no-untyped-def]

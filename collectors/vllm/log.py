@@ -75,7 +75,8 @@ def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[Lo
     if repeated:
         data["repeated"] = repeated
     text = msg if len(msg) <= 240 else msg[:237] + "..."
-    return [LogEvent(row.kind, line, offset, tag, ts, data, text, raw, row.name)]
+    return [LogEvent(kind=row.kind, line=line, offset=offset, rank=tag, ts=ts, data=data, text=text, raw=raw,
+                     fmt=row.name)]
 
 
 def parse_lines(lines: Iterable[str]) -> List[LogEvent]:
