@@ -93,7 +93,9 @@ def _import_graph() -> Dict[str, Set[str]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets = [node.module] + ["{}.{}".format(node.module, a.name) for a in node.names]
-            graph[name] |= {t for t in targets if t in modules and t != name}
+            # A package that holds the importer is imported before it: no edge (``from agent.cli import x``
+            # inside agent/cli/ names its sibling, not its own package's __init__).
+            graph[name] |= {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
     return graph
 
 
