@@ -3,7 +3,7 @@
 Each engine's folder (``agent/<name>/plugin.py``) exports ``ENGINE = EngineModel(...)``: how its
 startup is analysed, its rules and recommenders, how its workers are placed on GPUs, and the few
 facts the engine-neutral node rules need (its budget flag, its load metrics, what its budget
-means). The neutral code (agent/analyze.py, reconcile.py, rulebook.py, node_rules.py, record.py)
+means). The neutral code (agent/model/analyze.py, reconcile.py, rulebook.py, node_rules.py, record.py)
 reads engines only through this registry, never by name.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
-from agent.records import Finding, Options, Problem, Recommendation
+from agent.model.records import Finding, Options, Problem, Recommendation
 from collectors.plugin import ENGINES as COLLECTORS
 from collectors.registry import Registry, UnknownEngine
 
@@ -58,7 +58,7 @@ class EngineAnalysis(Protocol):
 
 @dataclass(frozen=True)
 class LoadMetrics:
-    """Where the engine's /metrics says how loaded it is (agent/record.py, the concurrency finding)."""
+    """Where the engine's /metrics says how loaded it is (agent/history/record.py, the concurrency finding)."""
 
     running: str  # requests being served
     queued: str  # requests waiting for room
@@ -73,7 +73,7 @@ class LoadMetrics:
 
 
 AnalysisRule = Callable[[Any], Iterable[Finding]]
-ContextRule = Callable[[Any], Iterable[Finding]]  # over agent/context.py Context
+ContextRule = Callable[[Any], Iterable[Finding]]  # over agent/model/context.py Context
 Recommender = Callable[[Any], Iterable[Recommendation]]
 
 

@@ -59,7 +59,7 @@ def main() -> int:
                              input="\n".join(aliases) + "\n", env=env)
             assert proc.returncode == 0, proc.stderr[-2000:]
             ssh_times.append(t)
-        from agent import probe
+        from agent.remote import probe
 
         sent = len(probe.build({"nvml_lib": None, "log": None, "startup": -1, "model_config_path": None,
                                 "http": False}).script)

@@ -1,6 +1,6 @@
 """The probe's entry point on an inspected host: collect one snapshot, print one line.
 
-Runs inside the wrapper built by ``agent/probe.py`` (collectors and pynvml imported from
+Runs inside the wrapper built by ``agent/remote/probe.py`` (collectors and pynvml imported from
 memory). Options arrive as data (base64 JSON inside the script read from stdin), never on a
 command line. The answer is one line ``KVF-PROBE <json>`` on stdout, where the JSON holds the
 protocol version, the sha256 of the code that ran, the snapshot, and the sha256 of the

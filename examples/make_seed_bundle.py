@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.bundles import save  # noqa: E402
+from agent.remote.bundles import save  # noqa: E402
 from collectors import snapshot  # noqa: E402
 from tests.fakenode import FakeNode, build_fake_nvml  # noqa: E402
 

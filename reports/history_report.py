@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from agent.node_rules import MEASURED_MIN_SAMPLES, MEASURED_MIN_SPAN_S, is_measured
+from agent.model.node_rules import MEASURED_MIN_SAMPLES, MEASURED_MIN_SPAN_S, is_measured
 from reports import fit
 from reports.fit import Col
 

@@ -11,9 +11,9 @@ import json
 import math
 from typing import Any, Dict, Iterable, List, Optional
 
-from agent.live import GpuLedger, Inspection, TargetFailure
+from agent.model.live import GpuLedger, Inspection, TargetFailure
+from agent.model.records import Finding, Recommendation, Verdict
 from agent.plugin import EngineAnalysis
-from agent.records import Finding, Recommendation, Verdict
 from collectors.redact import redact_mapping
 from reports.labels import ITEM_LABELS
 from reports.plugin import VIEWS

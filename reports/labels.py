@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from agent.live import ItemKind
+from agent.model.live import ItemKind
 
 ITEM_LABELS: Dict[ItemKind, str] = {
     ItemKind.WEIGHTS: "weights",

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence
 
-from agent.live import Inspection, TargetFailure
+from agent.model.live import Inspection, TargetFailure
+from agent.model.records import Finding, Recommendation, Verdict
 from agent.plugin import EngineAnalysis
-from agent.records import Finding, Recommendation, Verdict
 from reports import fit, terminal
 from reports.plugin import VIEWS
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
 
+from agent.model.records import severity_rank
 from agent.plugin import display
-from agent.records import severity_rank
 from reports.terminal import FLEET_COLUMNS, gib_cell
 
 

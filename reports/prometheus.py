@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional
 
-from agent.live import Inspection
+from agent.model.live import Inspection
 from reports.plugin import VIEWS
 
 PREFIX = "kvforensics_"
@@ -103,8 +103,8 @@ def _engine(gauge, insp: Inspection, samples: Optional[int]) -> None:  # type: i
         if a.summary.max_total_num_tokens is not None:
             gauge("engine_kv_pool_tokens", "KV pool capacity in tokens (max_total_num_tokens).", ("engine",)).labels(
                 engine).set(a.summary.max_total_num_tokens)
-    from agent.context import Context
-    from agent.node_rules import unused_bytes
+    from agent.model.context import Context
+    from agent.model.node_rules import unused_bytes
 
     # The same figure as the unused_gpu_memory finding: the run's low-water mark when recorded
     # history holds one, else NVML now; never negative; absent when a GPU is lost.

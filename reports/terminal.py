@@ -14,9 +14,9 @@ import io
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from agent.live import GpuLedger, Inspection, Owner, TargetFailure
+from agent.model.live import GpuLedger, Inspection, Owner, TargetFailure
+from agent.model.records import Finding, Recommendation, Verdict, severity_rank
 from agent.plugin import EngineAnalysis, display
-from agent.records import Finding, Recommendation, Verdict, severity_rank
 from collectors.units import GIB
 from reports import fit
 from reports.fit import NOTES, Col

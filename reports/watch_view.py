@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Deque, Dict, Optional
 
-from agent.live import Inspection
+from agent.model.live import Inspection
 from agent.plugin import ENGINES
 from reports.history_report import sparkline
 

@@ -35,7 +35,7 @@ def _check_json_contract(out: str) -> None:
     name = {"kvforensics.report/1": "report", "kvforensics.history/1": "history",
             "kvforensics.snapshot/1": "snapshot"}.get(doc.get("schema")) if isinstance(doc, dict) else None
     if name is not None:
-        from agent import evidence
+        from agent.model import evidence
 
         evidence.check(name, doc)
 

@@ -74,12 +74,12 @@ def test_bad_model_config_json(tmp_path):
 
 
 def test_internal_errors_exit_4_without_traceback(monkeypatch):
-    import agent.analyze
+    import agent.model.analyze
 
     def boom(*a, **k):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(agent.analyze, "analyze_startup", boom)
+    monkeypatch.setattr(agent.model.analyze, "analyze_startup", boom)
     code, out, err = run_cli(["analyze", str(SEED_LOG)])
     assert code == 4 and "internal error: RuntimeError: simulated bug" in err and "Traceback" not in err
 

@@ -266,7 +266,7 @@ def test_probe_written_for_review_runs_by_hand(tmp_path):
     import subprocess
     import sys
 
-    from agent import probe
+    from agent.remote import probe
     from tests.conftest import run_cli
 
     out = tmp_path / "probe.py"

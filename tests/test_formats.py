@@ -64,10 +64,10 @@ def test_markdown_for_inspect_collapses_gpus():
 
 
 def test_markdown_fleet_table():
-    from agent import bundles
-    from agent.live import TargetFailure
-    from agent.reconcile import inspect_snapshot
-    from agent.records import Options
+    from agent.model.live import TargetFailure
+    from agent.model.reconcile import inspect_snapshot
+    from agent.model.records import Options
+    from agent.remote import bundles
     from reports import markdown
 
     insp = inspect_snapshot(bundles.load(str(SEED_NODE)), "ssh:gpu-07", Options())

@@ -289,7 +289,7 @@ def test_vllm_paging_per_worker(cfg, tp, dtype, pp, want):
 
 
 def test_a_hybrid_config_is_not_reduced_to_one_figure():
-    from agent.model_geometry import GeometryError
+    from agent.model.geometry import GeometryError
     from agent.vllm.kv_geometry import geometry
 
     with pytest.raises(GeometryError, match="hybrid"):
@@ -394,7 +394,7 @@ def test_a_log_of_the_other_engine_is_set_aside(tmp_path):
 def test_v0_spawned_engine_process_runs_the_driver():
     """V0 from 0.6.0: the OpenAI server spawns the engine, an untitled child holding GPU 0 whose lines carry
     no prefix; the other rank prints its PID."""
-    from agent.evidence import Engine, Process
+    from agent.model.evidence import Engine, Process
     from agent.vllm.analysis import Analysis, Worker
     from agent.vllm.live import place
 
@@ -431,7 +431,7 @@ def test_a_data_parallel_launch_is_one_startup():
 
 
 def test_checkpoint_fp8_kv_counts_only_from_0_14():
-    from agent.model_geometry import GeometryError
+    from agent.model.geometry import GeometryError
     from agent.vllm.kv_geometry import geometry
 
     cfg = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
@@ -454,7 +454,7 @@ def test_api_keys_in_vllms_argument_list_are_redacted():
 def test_in_v1_before_0_9_1_other_processes_are_inside_the_budget():
     """V1-a (0.8.x gpu_worker.py determine_available_memory): the non-torch figure is the device's whole
     non-torch use, other processes and the context included, so the room beside the engine is T − T·u."""
-    from agent.records import Options
+    from agent.model.records import Options
     from agent.vllm.analysis import build_analysis
     from collectors.vllm.startups import segment_lines
 

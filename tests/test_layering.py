@@ -76,7 +76,7 @@ def _full_imports(path: Path):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_an_engine_folder_never_imports_another_engine(engine):
-    """What engines share lives beside them (collectors/events.py, agent/citing.py), not inside one."""
+    """What engines share lives beside them (collectors/events.py, agent/model/citing.py), not inside one."""
     assert set(ENGINES) >= {"sglang", "vllm"}
     others = [e for e in ENGINES if e != engine]
     for package in ENGINE_PACKAGES:

@@ -10,11 +10,11 @@ import ast
 from dataclasses import replace
 from pathlib import Path
 
-from agent import evidence, node_rules, rulebook
-from agent.history import GpuLowWater, RunStats
-from agent.live import Owner
-from agent.reconcile import reconcile
-from agent.records import Options
+from agent.history.store import GpuLowWater, RunStats
+from agent.model import evidence, node_rules, rulebook
+from agent.model.live import Owner
+from agent.model.reconcile import reconcile
+from agent.model.records import Options
 from agent.sglang import budget
 from agent.sglang.attribution import attribute
 from agent.sglang.era import Era, detect

@@ -70,7 +70,7 @@ def test_bare_command_prints_the_help_plainly():
 
 def test_ipv6_targets_stay_bracketed():
     """[::1]:PORT is OpenSSH's IPv6 form, not a pdsh range of one host named '::1'."""
-    from agent.targets import expand_targets
+    from agent.remote.targets import expand_targets
 
     typed = ["root@[::1]:2222", "[fe80::1%eth0]:22", "[::1]", "gpu-[1-2]"]
     assert expand_targets(typed) == ["root@[::1]:2222", "[fe80::1%eth0]:22", "[::1]", "gpu-1", "gpu-2"]

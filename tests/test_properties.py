@@ -8,8 +8,8 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.analyze import analyze_startup
-from agent.records import Options
+from agent.model.analyze import analyze_startup
+from agent.model.records import Options
 from collectors.sglang.log import GIB, parse_line
 from collectors.sglang.startups import StartupSegmenter
 from tests.conftest import SEED_LOG

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import history
+from agent.history import store as history
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, GIB, FakeNode, build_fake_nvml
 
@@ -423,7 +423,7 @@ def test_a_clock_400_days_ahead_does_not_erase_the_history(node, tmp_path, monke
     db = tmp_path / "h.db"
     for _ in range(3):
         _record(db)
-    from agent import history as h
+    from agent.history import store as h
 
     jumped = time.time() + 400 * 86400
     monkeypatch.setattr(h.time, "time", lambda: jumped)

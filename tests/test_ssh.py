@@ -302,7 +302,7 @@ def test_fleet_summary_and_hosts_file(env, tmp_path):
 
 
 def test_probe_is_one_round_trip_and_reproducible():
-    from agent import probe
+    from agent.remote import probe
 
     a, b = probe.build({"http": False}), probe.build({"http": False})
     assert a.script == b.script and a.code_sha256 == b.code_sha256
@@ -310,7 +310,7 @@ def test_probe_is_one_round_trip_and_reproducible():
 
 
 def test_probe_answer_checks():
-    from agent import probe
+    from agent.remote import probe
     from collectors.probe import MARKER, canonical
 
     p = probe.build({})
@@ -358,7 +358,7 @@ def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node
     import subprocess
     import tempfile
 
-    from agent import probe
+    from agent.remote import probe
 
     if os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs root to start a probe as another user, and /usr/bin/python3")
@@ -385,8 +385,8 @@ def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node
     assert any(e["server"] and e["server"]["pid"] == fake_node.server_pid for e in snap["engines"]["engines"])
     problem = snap["engine_log"]["problems"][0]["message"]
     assert "not readable: run as its user or root" in problem
-    from agent.reconcile import inspect_snapshot
-    from agent.records import Options
+    from agent.model.reconcile import inspect_snapshot
+    from agent.model.records import Options
 
     insp = inspect_snapshot(snap, "ssh:test", Options())
     assert any(f.code == "engine_log_missing" for f in insp.findings)
@@ -419,7 +419,7 @@ def test_keys_from_a_real_ssh_agent(env, server, keys, tmp_path, monkeypatch):
 def test_probe_answer_without_a_snapshot_is_refused():
     import hashlib
 
-    from agent import probe
+    from agent.remote import probe
     from collectors.probe import MARKER, canonical
 
     p = probe.build({})
@@ -433,7 +433,7 @@ def test_probe_answer_without_a_snapshot_is_refused():
 
 @pytest.mark.parametrize("target", ["node:99999", "node:0", "[::1]:70000", "host:abc"])
 def test_impossible_ports_are_refused(target):
-    from agent import ssh
+    from agent.remote import ssh
 
     with pytest.raises(ssh.SshError) as exc:
         ssh.resolve(target, ssh.load_config(None))
@@ -449,7 +449,7 @@ def test_match_exec_is_refused_before_anything_runs(tmp_path, monkeypatch):
 
 
 def test_proxycommand_is_refused_with_the_alternative(tmp_path):
-    from agent import ssh
+    from agent.remote import ssh
 
     cfg = tmp_path / "cfg"
     cfg.write_text("Host gw\n  ProxyCommand nc %h %p\n")
@@ -461,7 +461,7 @@ def test_proxycommand_is_refused_with_the_alternative(tmp_path):
 def test_a_host_that_floods_stdout_is_cut_off(env, tmp_path):
     """A remote python3 that prints without end: the client stops at the cap, on time, with a bounded
     buffer (this host's 'python3' is a stand-in that floods)."""
-    from agent import ssh
+    from agent.remote import ssh
 
     old = ssh.MAX_STDOUT_BYTES
     ssh.MAX_STDOUT_BYTES = 1 << 20

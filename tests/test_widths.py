@@ -26,8 +26,8 @@ EDGE = "│┃ "
 
 
 def _analysis(log, config=None):
-    from agent.analyze import analyze_startup
-    from agent.records import Options
+    from agent.model.analyze import analyze_startup
+    from agent.model.records import Options
     from collectors.logfile import read_log
     from collectors.model_config import load_model_config
 
@@ -37,9 +37,9 @@ def _analysis(log, config=None):
 
 
 def _inspection(bundle, target=None):
-    from agent import bundles
-    from agent.reconcile import inspect_snapshot
-    from agent.records import Options
+    from agent.model.reconcile import inspect_snapshot
+    from agent.model.records import Options
+    from agent.remote import bundles
 
     return inspect_snapshot(bundles.load(str(bundle)), target or "bundle:" + bundle.name, Options())
 
@@ -81,7 +81,7 @@ def inspect_troubled_nodes(width, color):
 
 
 def fleet(width, color):
-    from agent.live import TargetFailure
+    from agent.model.live import TargetFailure
     from reports import terminal
 
     seed = ROOT / "examples" / "seed-node.json"
@@ -98,7 +98,7 @@ def fleet(width, color):
 
 
 def history(width, color):
-    from agent import history as h
+    from agent.history import store as h
     from reports import history_report
 
     path = str(_HISTORY["dir"] / "h.db")
@@ -188,9 +188,9 @@ def test_identical_gpus_are_one_row_and_names_do_not_wrap():
 
 
 def test_every_golden_input_verdict_fits_8_lines_at_80_columns():
-    from agent import bundles
-    from agent.reconcile import inspect_snapshot
-    from agent.records import Options
+    from agent.model.reconcile import inspect_snapshot
+    from agent.model.records import Options
+    from agent.remote import bundles
     from collectors.logfile import LogReadError
     from reports import terminal
 

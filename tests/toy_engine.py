@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from agent.model.records import Finding, Options, Problem
 from agent.plugin import ENGINES as MODELS
 from agent.plugin import EngineModel, LoadMetrics
-from agent.records import Finding, Options, Problem
 from collectors import lineformat
 from collectors.events import EngineStartup, LogEvent, segment
 from collectors.plugin import ENGINES as COLLECTORS

@@ -1,6 +1,6 @@
 """Command line: ``kvforensics COMMAND``. Thin Typer commands over plain functions, one module each.
 
-``main()`` is the only place that turns outcomes into exit codes (agent/exitcodes.py).
+``main()`` is the only place that turns outcomes into exit codes (agent/cli/exitcodes.py).
 Heavy modules (rich, the model, paramiko) are imported inside commands so ``--help`` stays fast.
 """
 
@@ -12,8 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from agent import exitcodes
-from agent.cli import analyze, deploy, history, inspect, probe, record, watch
+from agent.cli import analyze, deploy, exitcodes, history, inspect, probe, record, watch
 from agent.cli.options import UsageProblem
 
 __all__ = ["app", "entry", "main", "UsageProblem"]

@@ -50,7 +50,7 @@ def analyze(
     """Explain an inference server's GPU memory from its startup log, offline."""
     from dataclasses import replace
 
-    from agent.analyze import analyze_startup
+    from agent.model.analyze import analyze_startup
     from collectors.logfile import LogReadError, read_log
     from collectors.model_config import ModelConfigError, load_model_config
     from reports import json_report

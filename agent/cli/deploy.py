@@ -23,7 +23,7 @@ def deploy_files(
                                                              "Debian: /var/lib/prometheus/node-exporter).")] = None,
 ) -> None:
     """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths."""
-    from agent import deploy_files as df
+    from agent.cli import deploy_files as df
 
     if (folder is None) == (not show):
         raise UsageProblem("name a folder to write the files into, or --print them")
@@ -48,7 +48,7 @@ def schema(
     """Print a published JSON Schema: report (kvforensics.report/1), snapshot or history."""
     import json
 
-    from agent import evidence
+    from agent.model import evidence
 
     if name not in ("report", "snapshot", "history"):
         raise UsageProblem("schema NAME is report, snapshot or history")

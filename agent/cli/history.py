@@ -19,7 +19,7 @@ def history_cmd(
     """Show recorded history: per GPU and rank the low-water free memory, peak KV usage, a plot."""
     import time
 
-    from agent import history
+    from agent.history import store as history
     from reports import history_report
 
     try:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple
 
 import typer
 
-from agent import exitcodes
+import agent.cli.exitcodes as exitcodes
 from agent.cli.options import (
     FAIL_ON,
     MARGIN_GIB,
@@ -41,12 +41,12 @@ from agent.cli.options import (
     terminal_width,
     use_color,
 )
-from agent.live import Inspection, TargetFailure, TargetResult
+from agent.model.live import Inspection, TargetFailure, TargetResult
 
 if TYPE_CHECKING:
-    from agent.fleet import HostResult
-    from agent.history import RunStats
-    from agent.records import Options
+    from agent.history.store import RunStats
+    from agent.model.records import Options
+    from agent.remote.fleet import HostResult
 
 LOCAL_NAMES = ("local", "localhost")
 
@@ -186,7 +186,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
     """The hosts named as arguments, then those in --hosts-file, with host ranges expanded."""
-    from agent.targets import expand_targets, read_hosts_file, split_target
+    from agent.remote.targets import expand_targets, read_hosts_file, split_target
 
     names = list(targets or [])
     if hosts_file:
@@ -216,7 +216,7 @@ def _collect(settings: InspectSettings) -> List[Entry]:
 
 
 def _load_bundle(path: str) -> Entry:
-    from agent import bundles
+    from agent.remote import bundles
 
     try:
         return ("bundle:{}".format(path), bundles.load(path), None)
@@ -226,7 +226,7 @@ def _load_bundle(path: str) -> Entry:
 
 def _save_bundle(path: str, entries: List[Entry]) -> None:
     """--save: the first snapshot collected (validation allows one target), if any was."""
-    from agent import bundles
+    from agent.remote import bundles
 
     snaps = [snap for _, snap, _ in entries if snap is not None]
     if snaps:
@@ -254,11 +254,11 @@ def _collect_targets(names: List[str], settings: InspectSettings) -> List[Entry]
 
 def _collect_remote(remote: List[str], settings: InspectSettings) -> Dict[str, List[Entry]]:
     """Each remote host's entries (one per time it is named), with a progress bar on a terminal."""
-    from agent import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
+    from agent.remote import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
 
     fleet_options = fleet.FleetOptions(settings.probe_options(), settings.ssh_config, settings.accept_new_host_keys,
                                        settings.parallel, settings.timeout, settings.identity)
-    from agent.ssh import SshError
+    from agent.remote.ssh import SshError
 
     done, stop = fleet.progress_printer(len(remote))
     try:
@@ -298,8 +298,8 @@ def _analyse(settings: InspectSettings, entries: List[Entry]) -> List[Result]:
 def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Result:
     """One target's inspection. A remote host's snapshot that breaks the schema, or breaks the
     analysis, costs that host alone: it becomes an ``error`` target and the others stand."""
-    from agent.evidence import EvidenceError
-    from agent.reconcile import inspect_snapshot
+    from agent.model.evidence import EvidenceError
+    from agent.model.reconcile import inspect_snapshot
 
     try:
         return inspect_snapshot(snap, target, settings.opts, history=_recorded(settings, target, snap))
@@ -316,8 +316,8 @@ def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> O
     """This machine's history from `kvforensics record`, if any; it only describes the machine it ran on."""
     if not target.startswith("local:"):
         return None
-    from agent import history as history_mod
-    from agent.record import current_stats
+    from agent.history import store as history_mod
+    from agent.history.record import current_stats
 
     return current_stats(settings.db or history_mod.default_path(), snap)
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
-from agent import exitcodes
+import agent.cli.exitcodes as exitcodes
 
 if TYPE_CHECKING:
-    from agent.records import Options
+    from agent.model.records import Options
 
 SEVERITY_CHOICES = ("info", "warning", "error", "critical", "never")
 
@@ -102,7 +102,7 @@ def report_format(fmt: Optional[str], as_json: bool) -> str:
 
 def fail_level(fail_on: str) -> Optional[int]:
     """--fail-on, checked, as a severity rank (None: never fail on findings)."""
-    from agent.records import severity_rank
+    from agent.model.records import severity_rank
 
     if fail_on not in SEVERITY_CHOICES:
         raise UsageProblem("--fail-on must be one of {}".format(", ".join(SEVERITY_CHOICES)))
@@ -127,7 +127,7 @@ def parse_size(text: str, option: str) -> int:
 
 def analysis_options(margin: str, request_tokens: int) -> "Options":
     """--margin and --request-tokens, checked, as analysis Options."""
-    from agent.records import Options
+    from agent.model.records import Options
 
     margin_bytes = parse_size(margin, "--margin")
     if not 0 < request_tokens <= 10**9:
@@ -148,7 +148,7 @@ def check_log_spec(log: Optional[str]) -> None:
 
 def findings_exit_code(level: Optional[int], findings: "List[object]") -> int:
     """1 when a finding is at least as severe as --fail-on, else 0."""
-    from agent.records import severity_rank
+    from agent.model.records import severity_rank
 
     if level is not None and any(severity_rank(f.severity) >= level for f in findings):  # type: ignore[attr-defined]
         return exitcodes.EXIT_FINDINGS

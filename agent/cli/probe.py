@@ -14,7 +14,7 @@ def probe(
     output: Annotated[str, typer.Option("--output", "-o", help="Where to write the probe script.")],
 ) -> None:
     """Write the probe script that `inspect HOST` sends on stdin to `python3 -I -`, for review or a manual run."""
-    from agent import probe as probe_mod
+    from agent.remote import probe as probe_mod
 
     try:
         sha, size = probe_mod.write(output)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from agent import exitcodes
+import agent.cli.exitcodes as exitcodes
 from agent.cli.options import (
     MARGIN_GIB,
     REQUEST_TOKENS,
@@ -45,8 +45,8 @@ def record(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
-    from agent import history
-    from agent import record as record_mod
+    from agent.history import record as record_mod
+    from agent.history import store as history
     from collectors import snapshot
     from reports import prometheus
 

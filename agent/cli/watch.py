@@ -18,7 +18,7 @@ def watch(
     color: Color = None,
 ) -> None:
     """Live view: free memory per GPU with a sparkline, and the engine's KV usage. Ctrl-C leaves."""
-    from agent import watch as watch_mod
+    from agent.history import watch as watch_mod
 
     if not 0 < interval <= 86400 or count < 0:  # also NaN and infinity
         raise UsageProblem("--interval must be > 0 and --count >= 0")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.citing import where
-from agent.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
+from agent.model.citing import where
+from agent.model.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
 from agent.sglang import budget as budget_mod
 from agent.sglang import era as era_mod
 from agent.sglang import stages
@@ -154,7 +154,7 @@ def _geometry(opts: Options, args: Dict[str, Any], kv_dtype: Optional[str],
 def build_analysis(startup: Startup, target: str, opts: Options, index: Optional[int] = None,
                    count: Optional[int] = None, reader_notes: Tuple[str, ...] = (),
                    fallback_args: Optional[Dict[str, Any]] = None) -> Analysis:
-    """The startup's ledgers and budget, without findings (``agent/analyze.py`` adds those).
+    """The startup's ledgers and budget, without findings (``agent/model/analyze.py`` adds those).
 
     ``fallback_args``: flags from the live command line, used where the log has no server_args."""
     problems: List[Problem] = [Problem("log.reader", note) for note in reader_notes]

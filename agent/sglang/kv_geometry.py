@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agent.model_geometry import (
+from agent.model.geometry import (
     ELEM,
     GeometryError,
     KvGeometry,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
-from agent.citing import where
+from agent.model.citing import where
 from agent.sglang.attribution import Attributed, RankEvents, RunnerEvents
 from collectors.events import LogEvent
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from agent.evidence import Engine
-from agent.live import ItemKind, LedgerItem
+from agent.model.evidence import Engine
+from agent.model.live import ItemKind, LedgerItem
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger
 

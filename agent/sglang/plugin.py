@@ -10,7 +10,7 @@ from agent.sglang.analysis import build_analysis
 from collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.context import Context
+    from agent.model.context import Context
 
 
 def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[int]) -> str:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional
 
-from agent.node_rules import Spare, spare_memory, worth_it
-from agent.records import Recommendation
+from agent.model.node_rules import Spare, spare_memory, worth_it
+from agent.model.records import Recommendation
 from agent.sglang.analysis import Analysis
 from agent.sglang.hicache import MIN_HICACHE_GB, host_offload
 from collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.context import Context
+    from agent.model.context import Context
 
 _HALF_PRECISION = ("bf16", "bfloat16", "float16", "fp16", "half", "auto", "torch.bfloat16", "torch.float16")
 

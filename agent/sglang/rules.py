@@ -1,6 +1,6 @@
 """SGLang's log rules: small pure functions over an SGLang startup Analysis, each returning zero or
 more Findings. The rules every engine shares (unused memory, imbalance, concurrency) and the
-live node's rules are in ``agent/node_rules.py``; ``agent/rulebook.py`` runs them all.
+live node's rules are in ``agent/model/node_rules.py``; ``agent/model/rulebook.py`` runs them all.
 
 Codes are stable (documented in README); tolerances are named constants.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Tuple
 
-from agent.citing import where
-from agent.records import Finding
+from agent.model.citing import where
+from agent.model.records import Finding
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger
 from agent.sglang.stages import STAGE_WORDS
@@ -277,7 +277,7 @@ def startup_notes(a: Analysis) -> Iterator[Finding]:
                           evidence=(where(ev),))
 
 
-# SGLang's own log rules, in report order (agent/rulebook.py places them among the others).
+# SGLang's own log rules, in report order (agent/model/rulebook.py places them among the others).
 # What the startup itself came to (failed, or a fragment): reported before everything else.
 HEADLINES = (startup_failed, incomplete_startup)
 RULES = (mem_fraction_semantics, kv_budget_check, reserve_spent, draft_in_reserve,

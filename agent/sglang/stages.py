@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from agent.citing import CitesEvent, where
+from agent.model.citing import CitesEvent, where
 from agent.sglang.attribution import Attributed
 from collectors.events import LogEvent
 

@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.citing import CitesEvent, where
-from agent.model_geometry import GeometryError, KvGeometry
-from agent.records import Finding, KvChange, Options, Problem, Recommendation
+from agent.model.citing import CitesEvent, where
+from agent.model.geometry import GeometryError, KvGeometry
+from agent.model.records import Finding, KvChange, Options, Problem, Recommendation
 from agent.vllm import kv_geometry
 from collectors.events import LogEvent
 from collectors.lineformat import Version
@@ -196,7 +196,7 @@ class Analysis:
     findings: Tuple[Finding, ...] = ()
     recommendations: Tuple[Recommendation, ...] = ()
     engine: str = "vllm"
-    verdict: Optional[Any] = None  # agent/verdict.py: the answer first
+    verdict: Optional[Any] = None  # agent/model/verdict.py: the answer first
     summary: Summary = Summary()
     budget: Budget = Budget()
     geometry: Optional[KvGeometry] = None  # bytes per token from --model-config, vLLM's paging

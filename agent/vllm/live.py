@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-from agent.evidence import Engine
-from agent.live import ItemKind, LedgerItem
+from agent.model.evidence import Engine
+from agent.model.live import ItemKind, LedgerItem
 from agent.vllm.analysis import Analysis, Worker
 
 _PID = re.compile(r"\bpid=(\d+)")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from agent.node_rules import live_settings
+from agent.model.node_rules import live_settings
 from agent.plugin import EngineModel, LoadMetrics
 from agent.vllm import live, recommend, rules
 from agent.vllm.analysis import build_analysis
 
 if TYPE_CHECKING:
-    from agent.context import Context
+    from agent.model.context import Context
 
 
 def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[int]) -> str:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Iterator
 
-from agent.node_rules import live_settings, spare_memory
-from agent.records import Recommendation
+from agent.model.node_rules import live_settings, spare_memory
+from agent.model.records import Recommendation
 from agent.vllm.analysis import Analysis
 from collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.context import Context
+    from agent.model.context import Context
 
 
 def on_failure(ctx: "Context") -> Iterator[Recommendation]:

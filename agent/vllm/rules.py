@@ -1,12 +1,12 @@
 """vLLM's log rules: small pure functions over a vLLM Analysis, each yielding Findings. The rules
-every engine shares are in ``agent/node_rules.py``; ``agent/rulebook.py`` runs them all."""
+every engine shares are in ``agent/model/node_rules.py``; ``agent/model/rulebook.py`` runs them all."""
 
 from __future__ import annotations
 
 from typing import Iterator
 
-from agent.citing import where
-from agent.records import Finding
+from agent.model.citing import where
+from agent.model.records import Finding
 from agent.vllm.analysis import STAGE_WORDS, Analysis
 from collectors.units import gib
 

@@ -11,8 +11,8 @@ def run(interval: float, count: int, nvml_lib: Optional[str], http: bool, color:
     from rich.console import Console
     from rich.live import Live
 
-    from agent.reconcile import inspect_snapshot
-    from agent.records import Options
+    from agent.model.reconcile import inspect_snapshot
+    from agent.model.records import Options
     from collectors import snapshot
     from reports import watch_view
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple
 
-from agent import rulebook
+from agent.model import rulebook
+from agent.model.records import Options
+from agent.model.verdict import verdict
 from agent.plugin import ENGINES, EngineAnalysis
-from agent.records import Options
-from agent.verdict import verdict
 from collectors.events import EngineStartup
 
 

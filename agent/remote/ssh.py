@@ -32,7 +32,7 @@ from typing import List, Optional, Tuple
 
 import paramiko
 
-from agent.targets import port_number, split_target
+from agent.remote.targets import port_number, split_target
 
 # paramiko logs transport errors itself; kvforensics reports each host's failure in one line.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)

@@ -66,7 +66,7 @@ class KvChange:
 @dataclass(frozen=True)
 class Verdict:
     """The answer first: the question the report answers, the one-sentence cause, the figures
-    that prove it, and the single best action with its gain (``agent/verdict.py``)."""
+    that prove it, and the single best action with its gain (``agent/model/verdict.py``)."""
 
     question: str
     cause: str

@@ -24,7 +24,7 @@ class DeployFilesError(Exception):
 
 def source_dir() -> Path:
     """A source checkout's deploy/ first (editable installs), then the wheel's data files."""
-    candidates = [Path(__file__).resolve().parent.parent / "deploy",
+    candidates = [Path(__file__).resolve().parents[2] / "deploy",
                   Path(sys.prefix) / "share" / "kvforensics" / "deploy"]
     for folder in candidates:
         if all((folder / name).is_file() for name in FILES):

@@ -1,6 +1,6 @@
 """The answer first: a report's verdict, derived from the findings and recommendations already made.
 
-Engine-neutral. It reads the engine's analysis through the protocol ``agent/node_rules.py``
+Engine-neutral. It reads the engine's analysis through the protocol ``agent/model/node_rules.py``
 describes (``failed``, ``complete``, ``summary.max_total_num_tokens``, ``ranks[].target.kv_bytes``)
 and chooses, in this order:
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from agent.records import Finding, Recommendation, Verdict, severity_rank
+from agent.model.records import Finding, Recommendation, Verdict, severity_rank
 from collectors.units import GIB, gib
 
 HEADLINES = ("startup_failed", "incomplete_startup")

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent import probe as probe_mod
-from agent import ssh
+from agent.remote import probe as probe_mod
+from agent.remote import ssh
 
 DEFAULT_PARALLEL = 16
 DEFAULT_TIMEOUT_S = 30.0

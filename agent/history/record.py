@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from agent import history
-from agent.live import Inspection, Owner
+from agent.history import store as history
+from agent.model.live import Inspection, Owner
+from agent.model.reconcile import inspect_snapshot
+from agent.model.records import Options
 from agent.plugin import ENGINES
-from agent.reconcile import inspect_snapshot
-from agent.records import Options
 from collectors.snapshot import engine_kind, selected_engine
 
 

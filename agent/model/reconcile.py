@@ -4,7 +4,7 @@ Pure: a snapshot dict in (``collectors/snapshot.py``), an ``Inspection`` out. Pe
 ledger splits NVML's used memory into the engine's logged items (weights, KV pool, graphs,
 draft, workspaces), the rest of the engine process (CUDA context, allocator cache,
 activations), other processes, PIDs that no longer exist, and what no process accounts for.
-The findings and recommendations come from the one rule book (``agent/rulebook.py``), which sees
+The findings and recommendations come from the one rule book (``agent/model/rulebook.py``), which sees
 the log's analysis, this live ledger and, when ``kvforensics record`` keeps it, the history.
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from agent import evidence, rulebook
-from agent.analyze import analyze_startup
-from agent.evidence import Engine, Gpu, Process, Snapshot
-from agent.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, Owner
+from agent.model import evidence, rulebook
+from agent.model.analyze import analyze_startup
+from agent.model.evidence import Engine, Gpu, Process, Snapshot
+from agent.model.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, Owner
+from agent.model.records import Options, Problem
+from agent.model.verdict import verdict
 from agent.plugin import ENGINES
-from agent.records import Options, Problem
-from agent.verdict import verdict
 from collectors.plugin import ENGINES as COLLECTORS
 from collectors.plugin import for_bundle
 

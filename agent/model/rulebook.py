@@ -1,6 +1,6 @@
 """The rule book: every finding and every recommendation comes from here, offline and live.
 
-A rule is a small function of a ``Context`` (agent/context.py) — the engine's startup analysis,
+A rule is a small function of a ``Context`` (agent/model/context.py) — the engine's startup analysis,
 and when there is one, the live node (NVML ledger, processes, metrics) and its recorded history —
 that yields findings. The same rule serves a pasted log and a live node: it measures when it can
 (live NVML, the run's low-water mark) and reads the startup's own figures otherwise. Report order:
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, List
 
-from agent import node_rules
-from agent.context import Context
+from agent.model import node_rules
+from agent.model.context import Context
+from agent.model.records import Finding, Recommendation, most_severe_first
 from agent.plugin import ENGINES, EngineModel
-from agent.records import Finding, Recommendation, most_severe_first
 
 __all__ = ["Context", "findings", "recommendations"]
 

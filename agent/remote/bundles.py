@@ -42,7 +42,7 @@ MAX_BUNDLE_BYTES = 256 << 20  # a real bundle is well under 1 MB; a bigger file 
 
 def load(path: str) -> Dict[str, Any]:
     """The bundle's snapshot, validated against the published snapshot schema."""
-    from agent import evidence
+    from agent.model import evidence
 
     try:
         with open(path, "rb") as f:
@@ -74,7 +74,7 @@ def _probe_answer(path: str, raw: bytes) -> Dict[str, Any]:
     """What ``kvforensics probe -o FILE`` printed when run by hand (``KVF-PROBE {…}``, login noise around it
     allowed), verified as an SSH host's answer is: protocol version, the sha256 of the code that ran (this
     kvforensics's probe), the snapshot's checksum and the snapshot schema."""
-    from agent import probe
+    from agent.remote import probe
 
     try:
         return probe.parse_answer(raw, probe.build({}))

@@ -23,7 +23,7 @@ from collectors.probe import MARKER, VERSION, canonical
 from collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 
 REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches a remote shell
-_PACKAGE = Path(__file__).resolve().parent.parent / "collectors"
+_PACKAGE = Path(__file__).resolve().parents[2] / "collectors"
 
 _WRAPPER = '''\
 import base64, hashlib, importlib.machinery, io, json, sys, zipfile
@@ -132,7 +132,7 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
             line = raw[len(MARKER):]
     if line is None:
         raise ProbeError("probe.no_answer", "the probe printed no answer")
-    from agent import evidence
+    from agent.model import evidence
 
     try:
         answer = evidence.loads(line)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from agent.live import Inspection
-from agent.records import Options
+from agent.model.live import Inspection
+from agent.model.records import Options
 
 
 @dataclass(frozen=True)

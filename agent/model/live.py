@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Dict, Optional, Tuple, Union
 
-from agent.evidence import Engine, HostMemory, Snapshot
-from agent.records import Finding, Options, Problem, Recommendation, Verdict
+from agent.model.evidence import Engine, HostMemory, Snapshot
+from agent.model.records import Finding, Options, Problem, Recommendation, Verdict
 
 
 class Owner(str, Enum):
@@ -98,7 +98,7 @@ class Inspection:
     collected_nothing: bool = False
     engine: Optional[str] = None  # "sglang-<port>" / "vllm-<port>" of the engine explained
     engine_args: Optional[Dict[str, Any]] = None  # its flags from the command line (secrets redacted)
-    history: Optional[Any] = None  # agent.history.RunStats of the current engine run, when recorded
+    history: Optional[Any] = None  # agent.history.store.RunStats of the current engine run, when recorded
     other_engines: Tuple[Engine, ...] = ()  # the node's other servers
     verdict: Optional[Verdict] = None  # the answer first, from the findings and recommendations
     engine_kind: Optional[str] = None  # "sglang" | "vllm"

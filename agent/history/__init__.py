@@ -1,0 +1,1 @@
+"""Persistence: the history database, record (cron), and the live watch view."""
