@@ -161,6 +161,8 @@ def _ledger_tables(c: Any, a: Analysis, groups: List[Tuple[str, RankLedger]]) ->
     """The ledger, one column per group of identical ranks; when the groups do not fit beside the
     item names, as several tables of as many groups as fit (sources with the first)."""
     rows = ledger_rows(a, groups)
+    if not rows:  # ranks whose log has no memory figure yet (a hang at distributed init): nothing to tabulate
+        return
     item_width = max(fit.cell_len(r[0]) for r in rows)
     value_width = max(fit.cell_len(x) for r in rows for x in r[1:-1] + [label for label, _ in groups])
     per_table = max(1, (_width(c) - item_width - fit.MARKER_WIDTH - fit.SEPARATOR) // (value_width + fit.SEPARATOR))
