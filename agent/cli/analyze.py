@@ -1,4 +1,4 @@
-"""``kvforensics analyze LOG``: explain GPU memory from an SGLang startup log, offline."""
+"""``kvforensics analyze LOG``: explain GPU memory from an engine's startup log, offline."""
 
 from __future__ import annotations
 

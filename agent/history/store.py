@@ -1,6 +1,6 @@
 """Sample history in SQLite: low-water marks of free GPU memory per engine run.
 
-Whether it is safe to give SGLang more memory depends on the lowest free memory under real
+Whether it is safe to give an engine more memory depends on the lowest free memory under real
 load, not on one look. ``kvforensics record`` appends samples here (WAL mode, one transaction
 per sample, so a killed run leaves the database consistent); recommendations and
 ``kvforensics history`` read them. Each sample belongs to an engine *run* (one server process
