@@ -11,6 +11,9 @@ Lines are not split one by one: each block is searched for a few keywords that e
 line contains, and only the lines around the hits are decoded and parsed.
 
 Compressed files and stdin cannot be read backwards; they are streamed once, forward.
+Every line is handed to the engine's parser without what a shipper put before it (a
+``--timestamps`` timestamp, ANSI colour, a pasted ``> ``: collectors/shipping.py), so any engine
+reads through them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple, Union
 
-from collectors import lineformat
+from collectors import lineformat, shipping
 from collectors.events import EngineStartup as Startup
 from collectors.plugin import ENGINES, EngineCollectors
 
@@ -97,7 +100,8 @@ class _Sink:
         self.idle_b = tuple(n.encode() for n in engine.idle_needles)
 
     def feed(self, raw: str, line: Optional[int], offset: int) -> None:
-        for ev in self.parse(raw, line, offset):
+        # Every engine reads the line as it wrote it: a shipper's prefix would hide the engine's own.
+        for ev in self.parse(shipping.unwrap(raw), line, offset):
             if ev.kind not in _GENERIC_KINDS or self.plugin.owns_event(ev):
                 self.score += 1
             self.seg.feed(ev)

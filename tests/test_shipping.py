@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from collectors.logfile import read_log
+from collectors.plugin import ENGINES
 from collectors.shipping import CriJoiner, Joined, looks_cri, unwrap
+from tests.conftest import ROOT, SEED_LOG
+
+VLLM_LOG = ROOT / "examples" / "vllm-v0-complete.log"
 
 SGLANG_LINES = (
     "[2026-05-01 10:00:00 TP0] Load weight begin. avail mem=78.00 GB",
@@ -147,3 +152,39 @@ def test_a_record_that_is_not_cri_shaped_is_a_line_of_its_own():
     j = CriJoiner()
     assert j.feed(b"plain text", 7, 70) == Joined(7, 70, b"plain text")
     assert j.feed(b"2026-05-01T10:00:00Z stdout F:x tagged", 8, 81) == Joined(8, 81, b"tagged")
+
+
+# --- reading through them ------------------------------------------------------------------
+
+def _facts(startup):
+    """What an event says, wherever it was read from (the offset moves with the prefix)."""
+    return [(e.kind, e.line, e.rank, e.ts, e.data, e.text, e.fmt) for e in startup.events]
+
+
+def _kubectl(text: str) -> str:
+    lines = text.split("\n")  # not splitlines(): a tqdm "\r" is inside the engine's line
+    return "".join("2026-05-01T10:00:{:02d}.123456789Z {}\n".format(i % 60, line)
+                   for i, line in enumerate(lines[:-1] if text.endswith("\n") else lines))
+
+
+@pytest.mark.parametrize("log", [VLLM_LOG, SEED_LOG], ids=["vllm", "sglang"])
+def test_a_prefixed_log_reads_as_the_plain_one(tmp_path, log):
+    plain = read_log(str(log)).startup
+    path = tmp_path / "kubectl.log"
+    path.write_bytes(_kubectl(log.read_bytes().decode()).encode())
+    got = read_log(str(path)).startup
+    assert got.engine == plain.engine and _facts(got) == _facts(plain)
+    assert [e.raw for e in got.events] == [e.raw for e in plain.events]  # the line the engine wrote
+
+
+@pytest.mark.parametrize("log", [VLLM_LOG, SEED_LOG], ids=["vllm", "sglang"])
+def test_saved_lines_parse_again_to_the_same_events(tmp_path, log):
+    """A bundle's lines, and a journal's or docker's still prefixed, go through events.segment."""
+    path = tmp_path / "kubectl.log"
+    path.write_bytes(_kubectl(log.read_bytes().decode()).encode())
+    first = read_log(str(path)).startup
+    plugin = ENGINES.get(first.engine)
+    (again,) = plugin.segment_lines([(e.line, e.offset, e.raw) for e in first.events])
+    assert _facts(again) == _facts(first)
+    prefixed = [(n, 0, line) for n, line in enumerate(path.read_bytes().decode().split("\n"), 1)]
+    assert _facts(plugin.segment_lines(prefixed)[-1]) == _facts(first)
