@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
+import tracemalloc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from collectors import engine_logs, shipping
 from collectors.logfile import read_log
 from collectors.plugin import ENGINES
 from collectors.shipping import CriJoiner, Joined, looks_cri, unwrap
-from tests.conftest import ROOT, SEED_LOG
+from tests import shippers
+from tests.conftest import ROOT, SEED_LOG, run_cli
 
 VLLM_LOG = ROOT / "examples" / "vllm-v0-complete.log"
+VLLM_V1_LOG = ROOT / "examples" / "vllm-v1-to-capture.log"
 
 SGLANG_LINES = (
     "[2026-05-01 10:00:00 TP0] Load weight begin. avail mem=78.00 GB",
@@ -188,3 +196,102 @@ def test_saved_lines_parse_again_to_the_same_events(tmp_path, log):
     assert _facts(again) == _facts(first)
     prefixed = [(n, 0, line) for n, line in enumerate(path.read_bytes().decode().split("\n"), 1)]
     assert _facts(plugin.segment_lines(prefixed)[-1]) == _facts(first)
+
+
+# --- CRI files, read -----------------------------------------------------------------------
+
+
+def _cri_file(tmp_path, log, name="0.log", split=512):
+    data, first = shippers.cri_with_map(log.read_bytes(), split)
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path, data, first
+
+
+@pytest.mark.parametrize("log", [VLLM_LOG, SEED_LOG], ids=["vllm", "sglang"])
+def test_a_cri_file_reads_as_the_plain_log(tmp_path, log):
+    """Same events; each cited at its line's first record, so an editor's line N is the report's."""
+    plain = read_log(str(log))
+    path, data, first = _cri_file(tmp_path, log, split=64)
+    got = read_log(str(path))
+    assert got.startup.engine == plain.startup.engine
+    assert [first[e.line] for e in got.startup.events] == [e.line for e in plain.startup.events]
+    renumbered = [(e.kind, e.rank, e.ts, e.data, e.text, e.fmt) for e in got.startup.events]
+    assert renumbered == [(e.kind, e.rank, e.ts, e.data, e.text, e.fmt) for e in plain.startup.events]
+    assert [e.raw for e in got.startup.events] == [e.raw for e in plain.startup.events]
+    records = data.split(b"\n")
+    assert all(records[e.line - 1].startswith(data[e.offset:e.offset + 40]) for e in got.startup.events)
+    assert any("(CRI) log" in n and "joined" in n for n in got.notes)
+    assert (got.index, got.count) == (plain.index, plain.count)
+
+
+def test_a_cri_file_compressed_or_piped_is_joined_too(tmp_path):
+    plain = read_log(str(SEED_LOG))
+    path, data, first = _cri_file(tmp_path, SEED_LOG)
+    gz = tmp_path / "0.log.20260501-100000.gz"  # how the kubelet keeps a rotated log
+    gz.write_bytes(gzip.compress(data))
+    excerpt = read_log(str(gz))
+    assert [first[e.line] for e in excerpt.startup.events] == [e.line for e in plain.startup.events]
+    code, out, err = run_cli(["analyze", "-", "--json"], stdin=data)
+    assert code in (0, 1), err
+
+    def figures(doc):  # where each was read is checked above
+        return re.sub(r"line \d+", "line N", json.dumps(doc["targets"][0]["startup"]["ranks"]))
+
+    assert figures(json.loads(out)) == figures(json.loads(run_cli(["analyze", str(SEED_LOG), "--json"])[1]))
+
+
+def test_a_cri_line_whose_full_record_never_came_is_still_read(tmp_path):
+    """The file ends inside a split line (the runtime stopped before its newline, or the file was
+    copied while written): what was written of it is parsed."""
+    log = tmp_path / "plain.log"  # the excerpt up to its last figure line
+    log.write_bytes(b"".join(x + b"\n" for x in shippers.lines_of(VLLM_V1_LOG.read_bytes())[:9]))
+    last = shippers.lines_of(log.read_bytes())[-1]
+    assert len(last) > 64 and b"Maximum concurrency" in last
+    path, data, _ = _cri_file(tmp_path, log, split=32)
+    head, final = data.rstrip(b"\n").rsplit(b"\n", 1)
+    assert b" stdout F " in final or b" stderr F " in final
+    path.write_bytes(head + b"\n" + final.replace(b" F ", b" P ", 1) + b"\n")
+    got = read_log(str(path)).startup.events
+    plain = read_log(str(log)).startup.events
+    assert got[-1].kind == plain[-1].kind and got[-1].data == plain[-1].data
+    assert got[-1].raw == last.decode()
+
+
+def test_a_line_over_the_cap_is_cut_and_said(tmp_path, monkeypatch):
+    monkeypatch.setattr(shipping, "MAX_LINE_BYTES", 200)
+    path, _, _ = _cri_file(tmp_path, SEED_LOG, split=64)
+    excerpt = read_log(str(path))
+    assert any("longer than" in n and "were cut" in n for n in excerpt.notes), excerpt.notes
+    assert any(e.kind == "summary" for e in excerpt.startup.events)  # short lines are whole
+
+
+def test_cri_lines_saved_in_a_bundle_parse_again_to_the_same_events(tmp_path):
+    path, _, _ = _cri_file(tmp_path, SEED_LOG, split=64)
+    section = engine_logs.collect(("file", str(path)))
+    assert section["status"] == "ok"
+    first = read_log(str(path)).startup
+    (again,) = ENGINES.get(section["engine"]).segment_lines([tuple(row) for row in section["lines"]])
+    assert [(e.kind, e.line, e.data) for e in again.events if e.kind != "server_args"] == \
+        [(e.kind, e.line, e.data) for e in first.events if e.kind != "server_args"]  # server_args: redacted
+
+
+def test_memory_stays_flat_under_a_runaway_partial_line(tmp_path, monkeypatch):
+    """P records that never end (a process printing without a newline): the joined line stops
+    growing at the cap, and the startup after it is still read."""
+    monkeypatch.setattr(shipping, "MAX_LINE_BYTES", 1 << 20)
+    record = shippers.stamp(1) + b" stdout P " + b"x" * 16000 + b"\n"
+    path = tmp_path / "0.log"
+    with open(str(path), "wb") as f:
+        for _ in range(1300):  # ~20 MiB, one stream
+            f.write(record)
+        f.write(shippers.cri(SEED_LOG.read_bytes()).replace(b" stdout ", b" stderr "))
+    tracemalloc.start()
+    try:
+        excerpt = read_log(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 << 20, peak
+    assert any(e.kind == "summary" for e in excerpt.startup.events)
+    assert any("were cut" in n for n in excerpt.notes)
