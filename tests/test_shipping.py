@@ -160,6 +160,8 @@ def test_a_record_that_is_not_cri_shaped_is_a_line_of_its_own():
     j = CriJoiner()
     assert j.feed(b"plain text", 7, 70) == Joined(7, 70, b"plain text")
     assert j.feed(b"2026-05-01T10:00:00Z stdout F:x tagged", 8, 81) == Joined(8, 81, b"tagged")
+    assert j.feed(b"2026-05-01T10:00:01Z stdout P:x more ", 9, 120) is None  # tags after ":" are kept apart
+    assert j.feed(b"2026-05-01T10:00:02Z stdout F tags", 10, 160) == Joined(9, 120, b"more tags")
 
 
 # --- reading through them ------------------------------------------------------------------
@@ -295,3 +297,38 @@ def test_memory_stays_flat_under_a_runaway_partial_line(tmp_path, monkeypatch):
     assert peak < 12 << 20, peak
     assert any(e.kind == "summary" for e in excerpt.startup.events)
     assert any("were cut" in n for n in excerpt.notes)
+
+
+@pytest.mark.parametrize("noise_records", [0, 2300, 2450, 2600, 2674])  # 98-byte records: 256 KiB inside the log
+def test_a_split_line_across_the_readers_blocks_is_joined(tmp_path, noise_records):
+    """Whole-record blocks are read as a plain file's, blocks with partial records are joined: a run
+    that begins in one block and ends in the next is still one line, wherever the block ends."""
+    noise = b"".join(shippers.stamp(n) + b" stdout F INFO:     127.0.0.1:40000 - \"GET /health HTTP/1.1\" 200 OK\n"
+                     for n in range(noise_records))
+    data, first = shippers.cri_with_map(SEED_LOG.read_bytes(), split=64)
+    path = tmp_path / "0.log"
+    path.write_bytes(noise + data)
+    plain = read_log(str(SEED_LOG)).startup.events
+    got = read_log(str(path)).startup.events
+    assert [first[e.line - noise_records] for e in got] == [e.line for e in plain]
+    assert [(e.kind, e.data) for e in got] == [(e.kind, e.data) for e in plain]
+
+
+def test_a_full_record_in_a_block_without_partials_still_closes_its_line(tmp_path):
+    """The block boundary falls between a line's P record and its F record, and the next block has no
+    P record: the F record still ends the line begun in the block before."""
+    line = b"[2026-05-01 10:00:00 TP0] KV Cache is allocated. #tokens: 159277, K size: 5.21 GB, V size: 5.21 GB"
+    begin = shippers.stamp(0) + b" stdout F [2026-05-01 10:00:00 TP0] Load weight begin. avail mem=78.00 GB\n"
+    noise = shippers.stamp(0) + b" stdout F INFO:     127.0.0.1:40000 - \"GET /health HTTP/1.1\" 200 OK\n"
+    block = 256 << 10  # the reader's stream block (logfile.STREAM_READ_BYTES)
+    before = noise * ((block - len(begin)) // len(noise) - 1)
+    run = shippers.stamp(1) + b" stdout P " + line[:40] + b"\n" + shippers.stamp(2) + b" stdout F " + line[40:] + b"\n"
+    assert block - len(begin) - len(before) - len(noise) < len(run)
+    for pad in range(0, len(noise) + len(run), 9):  # the boundary at every few bytes of the run
+        path = tmp_path / "0.log"
+        padded = shippers.stamp(0) + b" stdout F " + b"x" * pad + b"\n"
+        path.write_bytes(begin + padded + before + run + noise * 10)
+        events = read_log(str(path), engine="sglang").startup.events
+        assert [e.kind for e in events] == ["load_begin", "kv_pool"], pad
+        assert events[1].raw == line.decode() and events[1].data["tokens"] == 159277
+        assert events[1].line == 3 + len(before) // len(noise)
