@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import tracemalloc
 
@@ -332,3 +333,21 @@ def test_a_full_record_in_a_block_without_partials_still_closes_its_line(tmp_pat
         assert [e.kind for e in events] == ["load_begin", "kv_pool"], pad
         assert events[1].raw == line.decode() and events[1].data["tokens"] == 159277
         assert events[1].line == 3 + len(before) // len(noise)
+
+
+@pytest.mark.parametrize("kind", ["docker", "journal"])
+def test_docker_and_journal_lines_with_a_prefix_are_read(tmp_path, monkeypatch, kind):
+    """``docker logs`` of a container whose process was itself piped through a timestamping shipper,
+    a journal of a unit that runs ``kubectl logs -f --timestamps``: the lines go through events.segment."""
+    wrapped = tmp_path / "wrapped.log"
+    wrapped.write_bytes(shippers.stacked(VLLM_V1_LOG.read_bytes()))
+    script = "cat {}\n".format(wrapped) if kind == "docker" else "tac {}\n".format(wrapped)
+    for name, body in ((kind if kind == "docker" else "journalctl", script), ("systemctl", "echo\n")):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\n" + body)
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    section = engine_logs.collect((kind, "vllm-0"), engine="vllm")
+    assert section["status"] == "ok", section["problems"]
+    plain = read_log(str(VLLM_V1_LOG)).startup.events
+    assert [raw for _, _, raw in section["lines"]] == [e.raw for e in plain]
