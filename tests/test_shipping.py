@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors import engine_logs, shipping
+from collectors import engine_logs, logfile, shipping
 from collectors.logfile import read_log
 from collectors.plugin import ENGINES
 from collectors.shipping import CriJoiner, Joined, looks_cri, unwrap
+from tests import logbuilder as lb
 from tests import shippers
 from tests.conftest import ROOT, SEED_LOG, run_cli
 
@@ -351,3 +352,21 @@ def test_docker_and_journal_lines_with_a_prefix_are_read(tmp_path, monkeypatch, 
     assert section["status"] == "ok", section["problems"]
     plain = read_log(str(VLLM_V1_LOG)).startup.events
     assert [raw for _, _, raw in section["lines"]] == [e.raw for e in plain]
+
+
+@pytest.mark.parametrize("wrapping", ["kubectl", "stacked"])
+def test_a_large_prefixed_file_is_still_read_from_the_end(tmp_path, monkeypatch, wrapping):
+    """The backward reading of plain files is unchanged: its anchors and keywords are inside the
+    engine's message, which no shipper touches."""
+    monkeypatch.setattr(logfile, "WHOLE_FILE_BYTES", 64 << 10)
+    monkeypatch.setattr(logfile, "FIRST_WINDOW_BYTES", 16 << 10)
+    monkeypatch.setattr(logfile, "BLOCK_BYTES", 32 << 10)
+    args = {"model_path": "/m", "mem_fraction_static": 0.85, "tp_size": 2, "page_size": 1}
+    plain = tmp_path / "plain.log"
+    lb.write(plain, lb.startup(args=args, tokens=1111), lb.noise(20000), lb.startup(args=args, tokens=2222))
+    path = tmp_path / "wrapped.log"
+    path.write_bytes(shippers.WRAPPINGS[wrapping](plain.read_bytes()))
+    want, got = read_log(str(plain)), read_log(str(path))
+    assert got.window_start > path.stat().st_size // 2 and got.count is None
+    assert _facts(got.startup) == _facts(want.startup)
+    assert next(e for e in got.startup.events if e.kind == "kv_pool").data["tokens"] == 2222
