@@ -10,7 +10,9 @@ shell), and unit/container names are validated first: a value starting with ``-`
 otherwise become an option.
 
 Output: ``{"status", "source", "lines": [[line, offset, raw], ...] (the chosen startup's
-recognised lines), "index", "count", "index_from_end", "notes", "problems"}``.
+recognised lines), "index", "count", "index_from_end", "notes", "problems"}``. ``raw`` is the line
+as the engine wrote it: a shipper's prefix removed and a CRI file's partial records joined
+(collectors/shipping.py; journal and docker lines lose theirs in ``events.segment``).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
+from collectors.shipping import unwrap
+
 __all__ = ["EngineStartup", "LogEvent", "segment"]
 
 
@@ -56,8 +58,11 @@ S = TypeVar("S")
 
 def segment(rows: Iterable[Tuple[Optional[int], int, str]], parse_line: Callable[[str, Optional[int], int],
             List[LogEvent]], segmenter: Any) -> List[S]:
-    """Feed ``(line number, byte offset, raw line)`` rows through an engine's parser and segmenter."""
+    """Feed ``(line number, byte offset, raw line)`` rows through an engine's parser and segmenter.
+
+    Rows saved elsewhere (a bundle, a journal, ``docker logs``) may still carry a shipper's prefix:
+    it is removed as the file reader removes it, so the same line gives the same events."""
     for number, offset, raw in rows:
-        for ev in parse_line(raw, number, offset):
+        for ev in parse_line(unwrap(raw), number, offset):
             segmenter.feed(ev)
     return segmenter.result()
