@@ -6,21 +6,36 @@ per sample, so a killed run leaves the database consistent); recommendations and
 ``kvforensics history`` read them. Each sample belongs to an engine *run* (one server process
 lifetime), so a restart with new flags starts fresh low-water marks.
 
-A file that is not a kvforensics history (corrupt, or another program's database) is never
-overwritten: it is renamed aside and a new database is created, and the caller is told.
+Only our own file is ever written, migrated or moved aside: a regular file that is a kvforensics
+history (our ``PRAGMA application_id``, or an older history without it, known by its exact tables),
+or an empty one. Anything else at the path (a directory, a FIFO, a device, another program's
+database: ``record`` runs as root from cron, and a typo in ``--db`` must not move a system
+directory) is refused before anything is opened for writing (``Refused``). Our own history when
+damaged (``Corrupt``: unreadable, wrong tables, a value no kvforensics writes) is renamed aside
+by ``record`` and a new one created; ``history`` says so and stops.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
+import itertools
 import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import quote
 
 APP_ID = 0x4B564653  # "KVFS" in PRAGMA application_id: tells our files from others
 SCHEMA_VERSION = 2
+SQLITE_MAGIC = b"SQLite format 3\x00"
+HEADER_BYTES = 100  # the SQLite header; the application_id is its bytes 68–71, big-endian
+SIBLINGS = ("-wal", "-shm", "-journal")  # SQLite's own files beside the database: moved with it
+
+# What claim() finds at a path; anything else is refused.
+MISSING, EMPTY, OURS, UNSTAMPED = "missing", "empty", "ours", "unstamped"
 
 
 def default_path() -> str:
@@ -69,81 +84,276 @@ class Busy(HistoryError):
     """Another record holds the lock."""
 
 
-@dataclass
+class Refused(HistoryError):
+    """Not a kvforensics history (a directory, a FIFO, another program's file): left exactly as it is."""
+
+
+class Corrupt(HistoryError):
+    """Our own history, but damaged, or holding a value no kvforensics writes."""
+
+    def __init__(self, why: str, path: str = "") -> None:
+        self.why = " ".join(why.split())[:300]  # one line, whatever an SQLite message or a cell held
+        self.path = path
+        super().__init__("{}the history is corrupt ({}); move it aside or delete it, and kvforensics record starts "
+                         "a new one".format(path + ": " if path else "", self.why))
+
+    def at(self, path: str) -> "Corrupt":
+        return Corrupt(self.why, path)
+
+
+@dataclass(frozen=True)
 class Opened:
     conn: sqlite3.Connection
     path: str
-    moved_aside: Optional[str]  # where an unusable file was renamed, if it was
+    moved_aside: Optional[str]  # where our unusable file was renamed (and why), if it was
 
 
-def _is_ours(conn: sqlite3.Connection) -> Tuple[bool, str]:
-    app = conn.execute("PRAGMA application_id").fetchone()[0]
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+def _text(raw: bytes) -> str:
+    # A text column with invalid UTF-8 (a corrupt page that passes quick_check) must not make every
+    # later read fail: decode with replacement.
+    return raw.decode("utf-8", "replace")
+
+
+# --- whose file is it ----------------------------------------------------------------------
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _left(path: str, what: str) -> Refused:
+    return Refused("{} {}, not a kvforensics history; it was left as it is (--db PATH or KVFORENSICS_DB names the "
+                   "history file)".format(path, what))
+
+
+def _kind_of(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def claim(path: str) -> str:
+    """What ``path`` holds, as far as taking it goes: MISSING, EMPTY (no bytes, or an SQLite file with nothing
+    in it: what a record killed while creating it leaves), OURS (our application_id; perhaps damaged), or
+    UNSTAMPED (an older history without it, known by its exact tables). Anything else is Refused. Nothing
+    but a regular file is ever opened (a FIFO would block, a device may act on open), and nothing is
+    written."""
+    try:
+        link = os.lstat(path)
+    except FileNotFoundError:
+        return MISSING
+    except OSError as exc:
+        raise HistoryError("{}: {}".format(path, exc.strerror)) from None
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise _left(path, "is a symlink to nothing") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _left(path, "is {}{}".format("a symlink to " if stat.S_ISLNK(link.st_mode) else "",
+                                           _kind_of(st.st_mode)))
+    for suffix in SIBLINGS:
+        _check_sibling(path + suffix)
+    head = _head(path, st)
+    if not head:
+        return EMPTY
+    if len(head) < HEADER_BYTES or not head.startswith(SQLITE_MAGIC):
+        raise _left(path, "is not an SQLite database")
+    app = int.from_bytes(head[68:72], "big")
     if app == APP_ID:
-        return True, ""
-    if app == 0 and not tables:
-        return True, ""  # a new, empty file
-    return False, "not a kvforensics history (application_id {:#x}, tables: {})".format(
-        app, ", ".join(sorted(tables)) or "none")
+        return OURS
+    if app != 0:
+        raise _left(path, "is another program's SQLite database (application_id {:#x})".format(app))
+    return _unstamped(path)
+
+
+def _check_sibling(path: str) -> None:
+    """SQLite writes its -wal, -shm and -journal files and we move them aside with the database: they
+    must be plain files too (a symlink there would have SQLite write through it)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise HistoryError("{}: {}".format(path, exc.strerror)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _left(path, "is {}".format("a symlink" if stat.S_ISLNK(st.st_mode) else _kind_of(st.st_mode)))
+
+
+def _head(path: str, st: os.stat_result) -> bytes:
+    """The first bytes of the regular file ``st`` describes (re-checked on the open descriptor)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HistoryError("{}: cannot read it: {}".format(path, exc.strerror)) from None
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise _left(path, "changed while it was checked")
+        return os.pread(fd, HEADER_BYTES, 0)
+    finally:
+        os.close(fd)
+
+
+def _unstamped(path: str) -> str:
+    """An SQLite file without an application_id: ours only if empty or with exactly our tables. Read
+    without writing: immutable (no -wal or -shm created) unless a -wal holds part of it."""
+    mode = "mode=ro" if os.path.exists(path + "-wal") else "immutable=1"
+    try:
+        conn = sqlite3.connect("file:{}?{}".format(quote(os.path.abspath(path)), mode), uri=True)
+        try:
+            conn.text_factory = _text
+            app, version, objects = _header(conn)
+            layout = _layout(conn)
+        finally:
+            conn.close()
+    except (sqlite3.Error, ValueError) as exc:
+        raise _left(path, "is an SQLite database kvforensics cannot read ({})".format(
+            " ".join(str(exc).split())[:120])) from None
+    if app == APP_ID:
+        return OURS  # stamped in the -wal, not yet in the file (a record killed before its checkpoint)
+    if app == 0 and objects == 0 and version == 0:
+        return EMPTY
+    if app == 0 and 1 <= version <= SCHEMA_VERSION and layout == _expected(version):
+        return UNSTAMPED
+    raise _left(path, "is another program's SQLite database (tables: {})".format(
+        ", ".join(sorted(layout))[:120] or "none"))
+
+
+def _header(conn: sqlite3.Connection) -> Tuple[int, int, int]:
+    app = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    objects = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+    return app, version, objects
+
+
+Layout = Dict[str, Tuple[Tuple[Any, ...], ...]]
+
+
+def _layout(conn: sqlite3.Connection) -> Layout:
+    """Tables and their columns (name, type, not null, primary key), as SQLite parsed the schema: a
+    column renamed in the schema text shows here even when quick_check passes."""
+    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                                        "name NOT LIKE 'sqlite!_%' ESCAPE '!'")]
+    return {str(n): tuple(tuple(r) for r in conn.execute(
+        "SELECT name, upper(type), \"notnull\", pk FROM pragma_table_info(?)", (n,))) for n in names}
+
+
+@functools.lru_cache(maxsize=None)
+def _expected(version: int) -> Layout:
+    """Our tables at schema ``version``, by running the migrations in memory."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        for step in MIGRATIONS[:version]:
+            conn.executescript(step)
+        return _layout(conn)
+    finally:
+        conn.close()
+
+
+def _layout_problem(found: Layout, version: int) -> Optional[str]:
+    want = _expected(version)
+    if found == want:
+        return None
+    odd = sorted(set(found) ^ set(want)) or sorted(t for t in want if found[t] != want[t])
+    return "its tables are not those of schema {} ({} differs)".format(version, ", ".join(odd)[:120])
+
+
+# --- opening -------------------------------------------------------------------------------
+
+def open_db(path: str, create: bool = True) -> Opened:
+    """Open (and, for record, create or migrate) our history. Not ours: Refused, untouched. Ours but
+    damaged: Corrupt, or with ``create`` moved aside (never overwritten) and a new one started."""
+    kind = claim(path)
+    if not create and kind in (MISSING, EMPTY):
+        raise HistoryError("{}: no history yet (kvforensics record creates it)".format(path))
+    if create:
+        _ensure_folder(path)
+    try:
+        conn = _connect(path, kind, create)
+    except Corrupt as exc:
+        if kind not in (OURS, UNSTAMPED):  # an empty SQLite file that fails is nobody's history we know
+            raise _left(path, "is an SQLite file kvforensics cannot use ({})".format(exc.why)) from None
+        if not create:
+            raise exc.at(path) from None
+        return fresh(path, exc.why)
+    return Opened(conn, path, None)
+
+
+def fresh(path: str, why: str) -> Opened:
+    """Move our unusable history aside and start a new one; the caller holds the Lock."""
+    aside = "{} ({})".format(_move_aside(path), why)
+    return Opened(_connect(path, claim(path), True), path, aside)
+
+
+def _ensure_folder(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise HistoryError("cannot create {}: {} (use --db PATH or KVFORENSICS_DB)".format(folder,
+                                                                                           exc.strerror)) from None
+    if not os.access(folder, os.W_OK):
+        raise HistoryError("{} is not writable (use --db PATH or KVFORENSICS_DB)".format(folder))
+
+
+def _connect(path: str, kind: str, create: bool) -> sqlite3.Connection:
+    """A connection to our history, checked: the header, quick_check and the exact tables."""
+    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+    try:
+        conn.text_factory = _text
+        _check(conn, path, kind, create)
+        conn.execute("PRAGMA foreign_keys = ON")
+        if create:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            _migrate(conn)
+        return conn
+    except sqlite3.OperationalError as exc:  # a full disk, a read-only file: record says "cannot write"
+        conn.close()
+        if create:
+            raise
+        raise HistoryError("{}: cannot read the history: {}".format(path, " ".join(str(exc).split()))) from None
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        conn.close()
+        raise Corrupt("unreadable as SQLite: {}".format(exc)) from None
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _check(conn: sqlite3.Connection, path: str, kind: str, create: bool) -> None:
+    app, version, _ = _header(conn)
+    if app not in (APP_ID, 0) or (app == 0 and kind == OURS):
+        raise _left(path, "changed while it was checked")
+    if version > SCHEMA_VERSION:
+        raise HistoryError("{}: the history was written by a newer kvforensics (schema {} > {})".format(
+            path, version, SCHEMA_VERSION))
+    quick = conn.execute("PRAGMA quick_check").fetchone()[0]
+    if quick != "ok":
+        raise Corrupt("integrity check failed: {}".format(quick))
+    problem = _layout_problem(_layout(conn), version)
+    if problem:
+        raise Corrupt(problem)
+    if not create and version < SCHEMA_VERSION:
+        raise HistoryError("{}: the history has schema {}; kvforensics record upgrades it to {}".format(
+            path, version, SCHEMA_VERSION))
 
 
 def _move_aside(path: str) -> str:
-    aside = "{}.unusable-{}".format(path, time.strftime("%Y%m%dT%H%M%S"))
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(path + suffix):
-            os.replace(path + suffix, aside + suffix)
-    return aside
-
-
-def open_db(path: str, create: bool = True) -> Opened:
-    """Open (and migrate) the history; an unusable file is moved aside, never overwritten."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if create:
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as exc:
-            raise HistoryError("cannot create {}: {} (use --db PATH or KVFORENSICS_DB)".format(folder,
-                                                                                               exc.strerror)) from None
-    elif not os.path.exists(path):
-        raise HistoryError("{}: no history yet (kvforensics record creates it)".format(path))
-    if create and not os.access(folder, os.W_OK):
-        raise HistoryError("{} is not writable (use --db PATH or KVFORENSICS_DB)".format(folder))
-    moved = None
-    for attempt in (1, 2):
-        try:
-            conn = sqlite3.connect(path, timeout=10, isolation_level=None)
-            # A text column with invalid UTF-8 (a corrupt page that passes quick_check) must not make
-            # every later read fail: decode with replacement.
-            conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
-            ok, why = _is_ours(conn)
-            if ok:
-                quick = conn.execute("PRAGMA quick_check").fetchone()[0]
-                if quick != "ok":
-                    ok, why = False, "integrity check failed: {}".format(quick)
-        except sqlite3.DatabaseError as exc:
-            ok, why, conn = False, "unreadable as SQLite ({})".format(exc), None
-        if ok:
+    """Rename our file (and SQLite's files beside it) to a name no file has yet: never overwrite."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in itertools.count():
+        aside = "{}.unusable-{}{}".format(path, stamp, "-{}".format(n) if n else "")
+        if not any(os.path.lexists(aside + suffix) for suffix in ("",) + SIBLINGS):
             break
-        if conn is not None:
-            conn.close()
-        if not create or attempt == 2:
-            raise HistoryError("{}: {}".format(path, why))
-        moved = _move_aside(path)
-        moved = "{} ({})".format(moved, why)
-    assert conn is not None
-    conn.execute("PRAGMA foreign_keys = ON")
-    if create:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        _migrate(conn)
-    return Opened(conn, path, moved)
+    try:
+        for suffix in ("",) + SIBLINGS:
+            if os.path.lexists(path + suffix):
+                os.replace(path + suffix, aside + suffix)
+    except OSError as exc:
+        raise HistoryError("{}: cannot move the unusable history aside: {}".format(path, exc.strerror)) from None
+    return aside
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise HistoryError("the history was written by a newer kvforensics (schema {} > {})".format(version,
-                                                                                                    SCHEMA_VERSION))
     for step in range(version, SCHEMA_VERSION):
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -156,10 +366,14 @@ def _migrate(conn: sqlite3.Connection) -> None:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+    if conn.execute("PRAGMA application_id").fetchone()[0] != APP_ID:
+        conn.execute("PRAGMA application_id = {}".format(APP_ID))  # an older history, known by its tables
 
 
 class Lock:
-    """An exclusive, non-blocking lock beside the database: overlapping records exit at once."""
+    """An exclusive, non-blocking lock beside the database: overlapping records exit at once. The lock
+    file is truncated and written (the PID), so it must be a plain file of its own: never through a
+    symlink, a FIFO or a second name of another file."""
 
     def __init__(self, db_path: str) -> None:
         self.path = db_path + ".lock"
@@ -167,12 +381,20 @@ class Lock:
 
     def __enter__(self) -> "Lock":
         folder = os.path.dirname(os.path.abspath(self.path))
+        _check_sibling(self.path)  # before the open: opening a device may act on it
         try:
             os.makedirs(folder, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                              | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise HistoryError("cannot create {}: {} (use --db PATH or KVFORENSICS_DB)".format(
                 exc.filename or folder, exc.strerror)) from None
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(self.fd)
+            self.fd = None
+            raise _left(self.path, "is {}".format(_kind_of(st.st_mode) if not stat.S_ISREG(st.st_mode)
+                                                  else "a second name of another file"))
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -180,7 +402,7 @@ class Lock:
             os.close(self.fd)
             self.fd = None
             raise Busy("another kvforensics record is running{}; this one exits".format(
-                " (PID {})".format(holder) if holder else "")) from None
+                " (PID {})".format(holder) if holder.isdigit() else "")) from None
         try:  # the PID only names the holder in the next run's Busy message
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, str(os.getpid()).encode(), 0)
