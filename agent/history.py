@@ -12,7 +12,8 @@ or an empty one. Anything else at the path (a directory, a FIFO, a device, anoth
 database: ``record`` runs as root from cron, and a typo in ``--db`` must not move a system
 directory) is refused before anything is opened for writing (``Refused``). Our own history when
 damaged (``Corrupt``: unreadable, wrong tables, a value no kvforensics writes) is renamed aside
-by ``record`` and a new one created; ``history`` says so and stops.
+by ``record`` and a new one created; ``history`` says so and stops. Every value read is checked
+where it is read (``Kind``), so a hostile file cannot reach a report as an untyped value.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import fcntl
 import functools
 import itertools
 import os
+import re
 import sqlite3
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import quote
 
 APP_ID = 0x4B564653  # "KVFS" in PRAGMA application_id: tells our files from others
@@ -108,10 +110,88 @@ class Opened:
     moved_aside: Optional[str]  # where our unusable file was renamed (and why), if it was
 
 
+# --- what a cell may hold ------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """The values a column may hold. The writer stores only such values (others become NULL: a driver's
+    nonsense figure is unknown, not history) and every reader checks them, so a value that fails
+    here was not written by kvforensics: the file is corrupt."""
+    what: str
+    lo: float = 0
+    hi: float = 0
+    real: bool = False  # floats allowed besides integers
+    text: bool = False  # text of at most ``hi`` characters, no control characters
+    required: bool = False
+
+    def fits(self, value: Any) -> bool:
+        if value is None:
+            return not self.required
+        if self.text:
+            return isinstance(value, str) and len(value) <= self.hi and not _CONTROL.search(value)
+        if isinstance(value, float):
+            return self.real and self.lo <= value <= self.hi  # NaN and ±inf fail
+        return isinstance(value, int) and self.lo <= value <= self.hi
+
+
+YEAR_2200 = 7258118400
+TIME = Kind("a time within 1970–2200", 0, YEAR_2200, real=True)
+BYTES = Kind("a byte count within 0–1 PiB", 0, 1 << 50)
+COUNT = Kind("a count within 0–2^40", 0, 1 << 40)
+SHARE = Kind("a share within 0–1", 0, 1, real=True)
+GPU = Kind("a GPU index within 0–65535", 0, 65535, required=True)
+TEXT = Kind("text of at most 4096 characters without control characters", hi=4096, text=True)
+
+
+def _required(kind: Kind) -> Kind:
+    return Kind(kind.what, kind.lo, kind.hi, kind.real, kind.text, required=True)
+
+
+RUN_FIELDS = {"host": TEXT, "engine": TEXT, "started_at": TIME, "version_hint": TEXT, "model": TEXT,
+              "mem_fraction_static": SHARE, "pre_load_free_bytes": BYTES, "bytes_per_token": COUNT}
+GPU_FIELDS = {"uuid": TEXT, "rank": TEXT, "total_bytes": BYTES, "reserved_bytes": BYTES, "used_bytes": BYTES,
+              "free_bytes": BYTES, "engine_used_bytes": BYTES}
+ENGINE_FIELDS = {"kv_tokens": COUNT, "used_tokens": COUNT, "token_usage": SHARE, "running": COUNT, "queued": COUNT}
+
+
+def _typed(kind: Kind, value: Any, where: str) -> Any:
+    """``value`` as read from ``where`` (table.column), or Corrupt."""
+    if not kind.fits(value):
+        shown = repr(value)
+        raise Corrupt("{} holds {}, not {}".format(where, shown if len(shown) <= 40 else shown[:37] + "...",
+                                                   kind.what))
+    return value
+
+
+def _kept(kind: Kind, value: Any) -> Any:
+    """What the writer stores: the value when it fits, else NULL (unknown)."""
+    return value if kind.fits(value) else None
+
+
 def _text(raw: bytes) -> str:
     # A text column with invalid UTF-8 (a corrupt page that passes quick_check) must not make every
     # later read fail: decode with replacement.
     return raw.decode("utf-8", "replace")
+
+
+T = TypeVar("T")
+
+
+def _reading(fn: Callable[..., T]) -> Callable[..., T]:
+    """SQLite's corruption errors (and its messages that are not UTF-8) raised while reading or writing
+    our file are Corrupt; OperationalError (locked, full disk, read-only) stays what it is."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except sqlite3.OperationalError:
+            raise
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            raise Corrupt("unreadable: {}".format(exc)) from None
+    return wrapper
 
 
 # --- whose file is it ----------------------------------------------------------------------
@@ -418,33 +498,44 @@ class Lock:
 
 # --- writing -------------------------------------------------------------------------------
 
+def _now_checked(now: float) -> float:
+    if not TIME.fits(now):
+        raise HistoryError("the clock reads {!r}, outside 1970–2200: nothing was recorded".format(now))
+    return now
+
+
+@_reading
 def upsert_run(conn: sqlite3.Connection, run_key: str, now: float, **fields: Any) -> int:
+    _now_checked(now)
     row = conn.execute("SELECT id FROM runs WHERE run_key = ?", (run_key,)).fetchone()
     if row:
         conn.execute("UPDATE runs SET last_seen = ? WHERE id = ?", (now, row[0]))
         return int(row[0])
     cols = ["run_key", "first_seen", "last_seen"] + list(fields)
-    values = [run_key, now, now] + list(fields.values())
+    values = [_typed(_required(TEXT), run_key, "run_key"), now, now] + [_kept(RUN_FIELDS[k], v)
+                                                                         for k, v in fields.items()]
     cur = conn.execute("INSERT INTO runs ({}) VALUES ({})".format(", ".join(cols), ", ".join("?" * len(cols))), values)
     return int(cur.lastrowid)
 
 
+@_reading
 def add_sample(conn: sqlite3.Connection, run_id: int, taken_at: float, collected: bool,
                gpus: Sequence[Dict[str, Any]], engine: Optional[Dict[str, Any]]) -> int:
     """One sample, atomically: a kill mid-way leaves the previous samples and no half row."""
+    _now_checked(taken_at)
     conn.execute("BEGIN IMMEDIATE")
     try:
         cur = conn.execute("INSERT INTO samples (run_id, taken_at, collected) VALUES (?, ?, ?)",
                            (run_id, taken_at, int(collected)))
         sid = int(cur.lastrowid)
         for g in gpus:
+            if not GPU.fits(g["gpu"]):
+                continue  # a driver's index no reader would take: the GPU is left out, not the sample
             conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (sid, g["gpu"], g.get("uuid"), g.get("rank"), g.get("total_bytes"), g.get("reserved_bytes"),
-                          g.get("used_bytes"), g.get("free_bytes"), g.get("engine_used_bytes")))
+                         [sid, g["gpu"]] + [_kept(kind, g.get(k)) for k, kind in GPU_FIELDS.items()])
         if engine:
             conn.execute("INSERT INTO engine_samples VALUES (?, ?, ?, ?, ?, ?)",
-                         (sid, engine.get("kv_tokens"), engine.get("used_tokens"), engine.get("token_usage"),
-                          engine.get("running"), engine.get("queued")))
+                         [sid] + [_kept(kind, engine.get(k)) for k, kind in ENGINE_FIELDS.items()])
         conn.execute("COMMIT")
         return sid
     except BaseException:
@@ -452,13 +543,14 @@ def add_sample(conn: sqlite3.Connection, run_id: int, taken_at: float, collected
         raise
 
 
+@_reading
 def prune(conn: sqlite3.Connection, older_than: float, keep_run: Optional[int] = None) -> int:
     """Delete samples taken before ``older_than`` (and runs left empty). Returns samples removed.
 
     The clock is not trusted: the cutoff is never later than the newest sample before this run
     minus the same window (a clock jumped 400 days ahead must not erase the history), and the
     current run's samples (``keep_run``) are never removed."""
-    window_end = conn.execute("SELECT MAX(taken_at) FROM samples WHERE run_id IS NOT ?", (keep_run,)).fetchone()[0]
+    window_end = _newest(conn, keep_run)
     if window_end is not None:
         now = time.time()
         older_than = min(older_than, window_end - max(0.0, now - older_than))
@@ -474,7 +566,38 @@ def prune(conn: sqlite3.Connection, older_than: float, keep_run: Optional[int] =
         raise
 
 
-# --- reading -------------------------------------------------------------------------------
+def _newest(conn: sqlite3.Connection, other_than: Optional[int]) -> Optional[float]:
+    """The newest sample's time outside run ``other_than`` (MAX sorts text and blobs above numbers, so
+    one checked value covers the column)."""
+    at = conn.execute("SELECT MAX(taken_at) FROM samples WHERE run_id IS NOT ?", (other_than,)).fetchone()[0]
+    return _typed(TIME, at, "samples.taken_at")
+
+
+def ready_for(opened: Opened, run_key: str) -> Opened:
+    """Before record writes: read what it will read (this engine run's rows, the newest sample). Our
+    history that fails is moved aside now, before a sample goes into it."""
+    try:
+        _read_before_write(opened.conn, run_key)
+        return opened
+    except Corrupt as exc:
+        opened.conn.close()
+        return fresh(opened.path, exc.why)
+
+
+@_reading
+def _read_before_write(conn: sqlite3.Connection, run_key: str) -> None:
+    rid = run_id_for(conn, run_key)
+    if rid is not None:
+        run_stats(conn, rid)
+    for row in conn.execute("SELECT {} FROM runs".format(RUN_COLUMNS)):  # one row per engine run: few
+        _run_row(row)
+    # every sample time within bounds (the index answers both): then so is prune's newest of any subset
+    low, high = conn.execute("SELECT MIN(taken_at), MAX(taken_at) FROM samples").fetchone()
+    _typed(TIME, low, "samples.taken_at")
+    _typed(TIME, high, "samples.taken_at")
+
+
+# --- reading: every value is checked where it is read (Kind) ------------------------------
 
 @dataclass(frozen=True)
 class GpuLowWater:
@@ -507,35 +630,60 @@ class RunStats:
         return max(0.0, self.last_seen - self.first_seen)
 
 
-def run_stats(conn: sqlite3.Connection, run_id: int, since: Optional[float] = None) -> RunStats:
-    run = conn.execute("SELECT id, run_key, engine, model, first_seen, last_seen FROM runs WHERE id = ?",
-                       (run_id,)).fetchone()
+def _where(run_id: int, since: Optional[float]) -> Tuple[str, List[Any]]:
     where, args = "s.run_id = ?", [run_id]
     if since is not None:
         where += " AND s.taken_at >= ?"
         args.append(since)
+    return where, args
+
+
+@_reading
+def run_stats(conn: sqlite3.Connection, run_id: int, since: Optional[float] = None) -> RunStats:
+    run = conn.execute("SELECT {} FROM runs WHERE id = ?".format(RUN_COLUMNS), (run_id,)).fetchone()
+    if run is None:
+        raise Corrupt("run {} has samples but no row in runs".format(run_id))
+    run = _run_row(run)
+    where, args = _where(run_id, since)
     samples = conn.execute("SELECT COUNT(*) FROM samples s WHERE {} AND s.collected = 1".format(where),
                            args).fetchone()[0]
-    gpus = []
-    for row in conn.execute(
-            "SELECT g.gpu, MAX(g.uuid), MAX(g.rank), COUNT(g.free_bytes), MIN(g.free_bytes), MAX(g.free_bytes) "
-            "FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} GROUP BY g.gpu ORDER BY "
-            "g.gpu".format(where),
-            args):
-        gpu = row[0]
-        at = conn.execute("SELECT s.taken_at FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND "
-                          "g.gpu = ? "
-                          "AND g.free_bytes = ? ORDER BY s.id LIMIT 1".format(where), args + [gpu, row[4]]).fetchone()
-        last = conn.execute("SELECT g.free_bytes FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND "
-                            "g.gpu = ? ORDER BY s.id DESC LIMIT 1".format(where), args + [gpu]).fetchone()
-        gpus.append(GpuLowWater(gpu, row[1], row[2], row[3], row[4], row[5], last[0] if last else None,
-                                at[0] if at else None))
+    gpus = tuple(_low_water(conn, where, args, row) for row in conn.execute(
+        "SELECT g.gpu, MAX(g.uuid), MAX(g.rank), COUNT(g.free_bytes), MIN(g.free_bytes), MAX(g.free_bytes) "
+        "FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} GROUP BY g.gpu ORDER BY "
+        "g.gpu".format(where), args).fetchall())
+    # MAX sorts text and blobs above numbers: one checked value stands for the column
     eng = conn.execute("SELECT MAX(e.used_tokens), MAX(e.token_usage), MAX(e.kv_tokens) FROM engine_samples e "
                        "JOIN samples s ON s.id = e.sample_id WHERE {}".format(where), args).fetchone()
-    return RunStats(run[0], run[1], run[2], run[3], run[4], run[5], samples, tuple(gpus),
-                    eng[0], eng[1], eng[2])
+    return RunStats(run[0], run[1], run[2], run[3], run[4], run[5], samples, gpus,
+                    _typed(COUNT, eng[0], "engine_samples.used_tokens"),
+                    _typed(SHARE, eng[1], "engine_samples.token_usage"),
+                    _typed(COUNT, eng[2], "engine_samples.kv_tokens"))
 
 
+RUN_COLUMNS = "id, run_key, engine, model, first_seen, last_seen"
+
+
+def _run_row(row: Sequence[Any]) -> Tuple[Any, ...]:
+    return (row[0], _typed(_required(TEXT), row[1], "runs.run_key"), _typed(TEXT, row[2], "runs.engine"),
+            _typed(TEXT, row[3], "runs.model"), _typed(_required(TIME), row[4], "runs.first_seen"),
+            _typed(_required(TIME), row[5], "runs.last_seen"))
+
+
+def _low_water(conn: sqlite3.Connection, where: str, args: List[Any], row: Sequence[Any]) -> GpuLowWater:
+    gpu = _typed(GPU, row[0], "gpu_samples.gpu")
+    # MIN and MAX of a column bound all of it: a text, blob, float or negative value shows in one of them
+    low, high = _typed(BYTES, row[4], "gpu_samples.free_bytes"), _typed(BYTES, row[5], "gpu_samples.free_bytes")
+    at = conn.execute("SELECT s.taken_at FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND "
+                      "g.gpu = ? AND g.free_bytes = ? ORDER BY s.id LIMIT 1".format(where),
+                      args + [gpu, low]).fetchone()
+    last = conn.execute("SELECT g.free_bytes FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND "
+                        "g.gpu = ? ORDER BY s.id DESC LIMIT 1".format(where), args + [gpu]).fetchone()
+    return GpuLowWater(gpu, _typed(TEXT, row[1], "gpu_samples.uuid"), _typed(TEXT, row[2], "gpu_samples.rank"),
+                       row[3], low, high, _typed(BYTES, last[0] if last else None, "gpu_samples.free_bytes"),
+                       _typed(TIME, at[0] if at else None, "samples.taken_at"))
+
+
+@_reading
 def runs(conn: sqlite3.Connection, since: Optional[float] = None) -> List[int]:
     if since is None:
         return [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY first_seen")]
@@ -545,20 +693,33 @@ def runs(conn: sqlite3.Connection, since: Optional[float] = None) -> List[int]:
         (since,))]
 
 
+@_reading
 def run_id_for(conn: sqlite3.Connection, run_key: str) -> Optional[int]:
     row = conn.execute("SELECT id FROM runs WHERE run_key = ?", (run_key,)).fetchone()
     return int(row[0]) if row else None
 
 
-def series(conn: sqlite3.Connection, gpu: int, since: Optional[float] = None) -> Iterator[Tuple[float, Optional[int]]]:
+@_reading
+def series(conn: sqlite3.Connection, gpu: int, since: Optional[float] = None) -> List[Tuple[float, Optional[int]]]:
     """(taken_at, free bytes) of one GPU, in sample order (ids, not clock: clocks jump)."""
     where, args = "g.gpu = ?", [gpu]
     if since is not None:
         where += " AND s.taken_at >= ?"
         args.append(since)
-    for row in conn.execute("SELECT s.taken_at, g.free_bytes FROM gpu_samples g JOIN samples s ON s.id = g.sample_id "
-                            "WHERE {} ORDER BY s.id".format(where), args):
-        yield row[0], row[1]
+    return [(_typed(_required(TIME), row[0], "samples.taken_at"), _typed(BYTES, row[1], "gpu_samples.free_bytes"))
+            for row in conn.execute("SELECT s.taken_at, g.free_bytes FROM gpu_samples g JOIN samples s ON "
+                                    "s.id = g.sample_id WHERE {} ORDER BY s.id".format(where), args)]
+
+
+def read_window(conn: sqlite3.Connection, since: float) -> Tuple[List[RunStats], Dict[int, List[Optional[int]]]]:
+    """What ``history`` shows: the runs with samples since ``since``, and each GPU's free memory over it."""
+    stats = [run_stats(conn, rid, since=since) for rid in runs(conn, since=since)]
+    plots: Dict[int, List[Optional[int]]] = {}
+    for r in stats:
+        for lw in r.gpus:
+            if lw.gpu not in plots:
+                plots[lw.gpu] = [v for _, v in series(conn, lw.gpu, since=since)]
+    return stats, plots
 
 
 def parse_duration(text: str) -> float:

@@ -284,3 +284,77 @@ def test_asides_in_the_same_second_never_overwrite_each_other(tmp_path, replay, 
     assert asides == ["h.db.unusable-20260101T000000", "h.db.unusable-20260101T000000-1",
                       "h.db.unusable-20260101T000000-2"]
     assert [(tmp_path / a).read_bytes() for a in asides] == firsts
+
+
+# --- item 2: every value read is typed ------------------------------------------------------
+
+def _poke(db: Path, *statements: str) -> None:
+    _sqlite(db, *statements)
+
+
+BAD_VALUES = {
+    "year 10000": ("runs", "first_seen", "253402300800"),
+    "1e18 seconds": ("runs", "last_seen", "1e18"),
+    "1e308": ("samples", "taken_at", "1e308"),
+    "inf": ("runs", "first_seen", "9e999"),
+    "-inf": ("samples", "taken_at", "-9e999"),  # before any window: history does not read it, record does
+    "text time": ("samples", "taken_at", "'yesterday'"),
+    "text bytes": ("gpu_samples", "free_bytes", "'lots'"),
+    "blob bytes": ("gpu_samples", "free_bytes", "X'00FF'"),
+    "negative bytes": ("gpu_samples", "free_bytes", "-1"),
+    "float bytes": ("gpu_samples", "free_bytes", "1.5"),
+    "huge bytes": ("gpu_samples", "free_bytes", "9223372036854775807"),
+    "GPU -2": ("gpu_samples", "gpu", "-2"),
+    "text tokens": ("engine_samples", "kv_tokens", "'many'"),
+    "usage inf": ("engine_samples", "token_usage", "9e999"),
+    "blob model": ("runs", "model", "X'00FF'"),
+    "control characters in a rank": ("gpu_samples", "rank", "'TP0' || char(27) || '[2J'"),
+    "text run key": ("runs", "run_key", "X'01'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_a_value_no_kvforensics_writes_is_corrupt(tmp_path, replay, case):
+    table, column, value = BAD_VALUES[case]
+    db = tmp_path / "h.db"
+    assert record(db)[0] == 0
+    _poke(db, "INSERT INTO engine_samples (sample_id, kv_tokens) SELECT MAX(id), 1000 FROM samples",
+          "UPDATE {0} SET {1} = {2} WHERE rowid = (SELECT MIN(rowid) FROM {0})".format(table, column, value))
+    original = db.read_bytes()
+    for argv in (["history"], ["history", "--json"]):
+        code, out, err = run_cli(argv + ["--db", str(db)])
+        if case == "-inf":
+            assert code == 0 and "0 engine run(s)" in out or json.loads(out)["runs"] == [], out
+            continue
+        assert code == 2 and "the history is corrupt" in err and "{}.{}".format(table, column) in err, err
+        assert err.count("\n") == 1 and out == ""
+    code, out, err = record(db)  # the same engine run: record reads these rows, so it moves the file aside
+    assert code == 0 and "moved aside" in err and "{}.{}".format(table, column) in err, err
+    (aside,) = [p for p in tmp_path.iterdir() if ".unusable-" in p.name and not p.name.endswith(history.SIBLINGS)]
+    assert aside.read_bytes() == original and _history_json(db)["runs"][0]["samples"] == 1
+
+
+def test_markup_in_a_rank_is_shown_as_text(tmp_path, replay):
+    db = tmp_path / "h.db"
+    assert record(db)[0] == 0
+    _poke(db, "UPDATE gpu_samples SET rank = '[/bold] [red]x' WHERE gpu = 3")
+    code, out, err = run_cli(["history", "--db", str(db), "--no-color"])
+    assert code == 0 and "[/bold] [red]x" in out, err
+
+
+def test_the_writer_stores_only_what_readers_take(tmp_path):
+    """A driver's nonsense figure is stored as unknown, not as history that later reads as corrupt."""
+    opened = history.open_db(str(tmp_path / "h.db"))
+    now = 1.75e9
+    rid = history.upsert_run(opened.conn, "r", now, model="m\x1b[2J", mem_fraction_static=float("inf"),
+                             pre_load_free_bytes=-5)
+    history.add_sample(opened.conn, rid, now, True,
+                       [{"gpu": 0, "free_bytes": 1 << 62, "rank": "TP0"}, {"gpu": 70000, "free_bytes": 1},
+                        {"gpu": 1, "free_bytes": 2.5}],
+                       {"kv_tokens": -1, "token_usage": float("nan"), "used_tokens": 10})
+    stats = history.run_stats(opened.conn, rid)
+    assert stats.model is None and [(g.gpu, g.min_free_bytes) for g in stats.gpus] == [(0, None), (1, None)]
+    assert stats.kv_tokens is None and stats.peak_token_usage is None and stats.peak_used_tokens == 10
+    with pytest.raises(history.HistoryError, match="the clock reads"):
+        history.add_sample(opened.conn, rid, 1e300, True, [], None)
+    opened.conn.close()
