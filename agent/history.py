@@ -337,16 +337,18 @@ def _layout_problem(found: Layout, version: int) -> Optional[str]:
 
 # --- opening -------------------------------------------------------------------------------
 
-def open_db(path: str, create: bool = True) -> Opened:
+def open_db(path: str, create: bool = True, run_key: Optional[str] = None) -> Opened:
     """Open (and, for record, create or migrate) our history. Not ours: Refused, untouched. Ours but
-    damaged: Corrupt, or with ``create`` moved aside (never overwritten) and a new one started."""
+    damaged: Corrupt, or with ``create`` moved aside (never overwritten: as it was, before any write)
+    and a new one started. ``run_key``: the engine run record is about to write; what it will read of
+    the history is read first."""
     kind = claim(path)
     if not create and kind in (MISSING, EMPTY):
         raise HistoryError("{}: no history yet (kvforensics record creates it)".format(path))
     if create:
         _ensure_folder(path)
     try:
-        conn = _connect(path, kind, create)
+        conn = _connect(path, kind, create, run_key)
     except Corrupt as exc:
         if kind not in (OURS, UNSTAMPED):  # an empty SQLite file that fails is nobody's history we know
             raise _left(path, "is an SQLite file kvforensics cannot use ({})".format(exc.why)) from None
@@ -359,7 +361,7 @@ def open_db(path: str, create: bool = True) -> Opened:
 def fresh(path: str, why: str) -> Opened:
     """Move our unusable history aside and start a new one; the caller holds the Lock."""
     aside = "{} ({})".format(_move_aside(path), why)
-    return Opened(_connect(path, claim(path), True), path, aside)
+    return Opened(_connect(path, claim(path), True, None), path, aside)
 
 
 def _ensure_folder(path: str) -> None:
@@ -373,12 +375,15 @@ def _ensure_folder(path: str) -> None:
         raise HistoryError("{} is not writable (use --db PATH or KVFORENSICS_DB)".format(folder))
 
 
-def _connect(path: str, kind: str, create: bool) -> sqlite3.Connection:
-    """A connection to our history, checked: the header, quick_check and the exact tables."""
+def _connect(path: str, kind: str, create: bool, run_key: Optional[str]) -> sqlite3.Connection:
+    """A connection to our history, checked: the header, quick_check, the exact tables, and for record
+    the values it will read. All before the first write, so a file moved aside is the file found."""
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     try:
         conn.text_factory = _text
-        _check(conn, path, kind, create)
+        version = _check(conn, path, kind, create)
+        if create and run_key is not None:
+            _read_before_write(conn, run_key, version)
         conn.execute("PRAGMA foreign_keys = ON")
         if create:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -398,13 +403,18 @@ def _connect(path: str, kind: str, create: bool) -> sqlite3.Connection:
         raise
 
 
-def _check(conn: sqlite3.Connection, path: str, kind: str, create: bool) -> None:
+def _check(conn: sqlite3.Connection, path: str, kind: str, create: bool) -> int:
     app, version, _ = _header(conn)
     if app not in (APP_ID, 0) or (app == 0 and kind == OURS):
         raise _left(path, "changed while it was checked")
     if version > SCHEMA_VERSION:
         raise HistoryError("{}: the history was written by a newer kvforensics (schema {} > {})".format(
             path, version, SCHEMA_VERSION))
+    if version < 0:
+        raise Corrupt("schema version {}".format(version))
+    head = _head(path, os.stat(path))
+    if head and head[18:20] not in (b"\x01\x01", b"\x02\x02"):  # SQLite would take it as read-only
+        raise Corrupt("its SQLite header is damaged (file format bytes {})".format(head[18:20].hex()))
     quick = conn.execute("PRAGMA quick_check").fetchone()[0]
     if quick != "ok":
         raise Corrupt("integrity check failed: {}".format(quick))
@@ -414,6 +424,7 @@ def _check(conn: sqlite3.Connection, path: str, kind: str, create: bool) -> None
     if not create and version < SCHEMA_VERSION:
         raise HistoryError("{}: the history has schema {}; kvforensics record upgrades it to {}".format(
             path, version, SCHEMA_VERSION))
+    return int(version)
 
 
 def _move_aside(path: str) -> str:
@@ -573,23 +584,17 @@ def _newest(conn: sqlite3.Connection, other_than: Optional[int]) -> Optional[flo
     return _typed(TIME, at, "samples.taken_at")
 
 
-def ready_for(opened: Opened, run_key: str) -> Opened:
-    """Before record writes: read what it will read (this engine run's rows, the newest sample). Our
-    history that fails is moved aside now, before a sample goes into it."""
-    try:
-        _read_before_write(opened.conn, run_key)
-        return opened
-    except Corrupt as exc:
-        opened.conn.close()
-        return fresh(opened.path, exc.why)
-
-
 @_reading
-def _read_before_write(conn: sqlite3.Connection, run_key: str) -> None:
+def _read_before_write(conn: sqlite3.Connection, run_key: str, version: int) -> None:
+    """What record will read, read before it writes: the runs (one row per engine run: few), every
+    sample's time, and this engine run's figures (tables of the current schema only: an older one is
+    migrated first)."""
+    if version == 0:
+        return  # nothing in it yet
     rid = run_id_for(conn, run_key)
-    if rid is not None:
+    if rid is not None and version == SCHEMA_VERSION:
         run_stats(conn, rid)
-    for row in conn.execute("SELECT {} FROM runs".format(RUN_COLUMNS)):  # one row per engine run: few
+    for row in conn.execute("SELECT {} FROM runs".format(RUN_COLUMNS)):
         _run_row(row)
     # every sample time within bounds (the index answers both): then so is prune's newest of any subset
     low, high = conn.execute("SELECT MIN(taken_at), MAX(taken_at) FROM samples").fetchone()

@@ -95,7 +95,8 @@ def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, s
 
 def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, samples: int,
             interval_s: float, keep_s: Optional[float], target: str) -> RecordResult:
-    opened = history.open_db(db_path)
+    first = collect()  # its engine run's rows are read before anything is written (open_db)
+    opened = history.open_db(db_path, run_key=run_key(first))
     conn = opened.conn
     written = 0
     run_min: Dict[int, int] = {}
@@ -105,10 +106,7 @@ def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, 
         for i in range(samples):
             if i:
                 time.sleep(interval_s)
-            snap = collect()
-            if i == 0:  # what this run will read is read before it writes: a history that fails is moved aside
-                opened = history.ready_for(opened, run_key(snap))
-                conn = opened.conn
+            snap = collect() if i else first
             insp = inspect_snapshot(snap, target, opts)
             now = time.time()
             a = insp.analysis
@@ -142,7 +140,7 @@ def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, 
         insp = inspect_snapshot(insp.snapshot, target, opts, history=stats)  # already typed
         return RecordResult(insp, stats, written, pruned, opened.moved_aside, run_min)
     finally:
-        opened.conn.close()
+        conn.close()
 
 
 def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunStats]:

@@ -358,3 +358,36 @@ def test_the_writer_stores_only_what_readers_take(tmp_path):
     with pytest.raises(history.HistoryError, match="the clock reads"):
         history.add_sample(opened.conn, rid, 1e300, True, [], None)
     opened.conn.close()
+
+
+def test_a_file_moved_aside_is_the_file_found_not_one_record_began_to_write(tmp_path, replay):
+    """An older history (no application_id) whose values fail: record reads before it stamps, migrates
+    or switches to WAL, so the file moved aside is byte for byte the one that was there."""
+    db = tmp_path / "h.db"
+    _older_history(db, 1)
+    _poke(db, "UPDATE samples SET taken_at = 'soon'")
+    original = db.read_bytes()
+    code, out, err = record(db)
+    assert code == 0 and "moved aside" in err and "samples.taken_at holds 'soon'" in err, err
+    (aside,) = [p for p in tmp_path.iterdir() if ".unusable-" in p.name and not p.name.endswith(history.SIBLINGS)]
+    assert aside.read_bytes() == original
+
+
+@pytest.mark.parametrize("damage,why", [
+    (lambda db: _poke_bytes(db, 18, b"\x07"), "its SQLite header is damaged"),  # SQLite would open it read-only
+    (lambda db: _poke(db, "PRAGMA user_version = -1"), "schema version -1"),
+])
+def test_a_damaged_header_is_corrupt_not_read_only(tmp_path, replay, damage, why):
+    db = tmp_path / "h.db"
+    assert record(db)[0] == 0
+    damage(db)
+    code, out, err = run_cli(["history", "--db", str(db)])
+    assert code == 2 and "the history is corrupt" in err and why in err, err
+    code, out, err = record(db)
+    assert code == 0 and "moved aside" in err and why in err, err
+
+
+def _poke_bytes(db: Path, offset: int, data: bytes) -> None:
+    with open(str(db), "r+b") as f:
+        f.seek(offset)
+        f.write(data)
