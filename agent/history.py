@@ -146,8 +146,8 @@ GPU = Kind("a GPU index within 0–65535", 0, 65535, required=True)
 TEXT = Kind("text of at most 4096 characters without control characters", hi=4096, text=True)
 
 
-def _required(kind: Kind) -> Kind:
-    return Kind(kind.what, kind.lo, kind.hi, kind.real, kind.text, required=True)
+TIME_REQUIRED = Kind(TIME.what, TIME.lo, TIME.hi, real=True, required=True)
+TEXT_REQUIRED = Kind(TEXT.what, hi=TEXT.hi, text=True, required=True)
 
 
 RUN_FIELDS = {"host": TEXT, "engine": TEXT, "started_at": TIME, "version_hint": TEXT, "model": TEXT,
@@ -523,7 +523,7 @@ def upsert_run(conn: sqlite3.Connection, run_key: str, now: float, **fields: Any
         conn.execute("UPDATE runs SET last_seen = ? WHERE id = ?", (now, row[0]))
         return int(row[0])
     cols = ["run_key", "first_seen", "last_seen"] + list(fields)
-    values = [_typed(_required(TEXT), run_key, "run_key"), now, now] + [_kept(RUN_FIELDS[k], v)
+    values = [_typed(TEXT_REQUIRED, run_key, "run_key"), now, now] + [_kept(RUN_FIELDS[k], v)
                                                                          for k, v in fields.items()]
     cur = conn.execute("INSERT INTO runs ({}) VALUES ({})".format(", ".join(cols), ", ".join("?" * len(cols))), values)
     return int(cur.lastrowid)
@@ -669,9 +669,9 @@ RUN_COLUMNS = "id, run_key, engine, model, first_seen, last_seen"
 
 
 def _run_row(row: Sequence[Any]) -> Tuple[Any, ...]:
-    return (row[0], _typed(_required(TEXT), row[1], "runs.run_key"), _typed(TEXT, row[2], "runs.engine"),
-            _typed(TEXT, row[3], "runs.model"), _typed(_required(TIME), row[4], "runs.first_seen"),
-            _typed(_required(TIME), row[5], "runs.last_seen"))
+    return (row[0], _typed(TEXT_REQUIRED, row[1], "runs.run_key"), _typed(TEXT, row[2], "runs.engine"),
+            _typed(TEXT, row[3], "runs.model"), _typed(TIME_REQUIRED, row[4], "runs.first_seen"),
+            _typed(TIME_REQUIRED, row[5], "runs.last_seen"))
 
 
 def _low_water(conn: sqlite3.Connection, where: str, args: List[Any], row: Sequence[Any]) -> GpuLowWater:
@@ -711,7 +711,7 @@ def series(conn: sqlite3.Connection, gpu: int, since: Optional[float] = None) ->
     if since is not None:
         where += " AND s.taken_at >= ?"
         args.append(since)
-    return [(_typed(_required(TIME), row[0], "samples.taken_at"), _typed(BYTES, row[1], "gpu_samples.free_bytes"))
+    return [(_typed(TIME_REQUIRED, row[0], "samples.taken_at"), _typed(BYTES, row[1], "gpu_samples.free_bytes"))
             for row in conn.execute("SELECT s.taken_at, g.free_bytes FROM gpu_samples g JOIN samples s ON "
                                     "s.id = g.sample_id WHERE {} ORDER BY s.id".format(where), args)]
 

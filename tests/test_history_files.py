@@ -391,3 +391,14 @@ def _poke_bytes(db: Path, offset: int, data: bytes) -> None:
     with open(str(db), "r+b") as f:
         f.seek(offset)
         f.write(data)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "another program's sqlite"])
+def test_inspect_reads_no_history_from_what_is_not_ours(tmp_path, replay, kind):
+    from agent.record import current_stats
+
+    db = tmp_path / "h.db"
+    HOSTILE[kind][0](db)
+    before = folder(db)
+    assert current_stats(str(db), replay) is None
+    assert folder(db) == before
