@@ -183,10 +183,10 @@ def test_two_records_at_once(node, tmp_path):
 
 
 @pytest.mark.parametrize("content,why", [
-    (b"this is not a database at all" * 100, "unreadable as SQLite"),
-    ("foreign", "not a kvforensics history"),
+    (b"this is not a database at all" * 100, "is not an SQLite database"),
+    ("foreign", "is another program's SQLite database (tables: invoices)"),
 ])
-def test_corrupt_or_foreign_database_is_moved_aside(node, tmp_path, content, why):
+def test_a_file_that_is_not_our_history_is_refused_and_left_as_it_is(node, tmp_path, content, why):
     db = tmp_path / "h.db"
     if content == "foreign":
         other = sqlite3.connect(str(db))
@@ -196,13 +196,26 @@ def test_corrupt_or_foreign_database_is_moved_aside(node, tmp_path, content, why
         other.close()
     else:
         db.write_bytes(content)
-    original = db.read_bytes()
+    original, before = db.read_bytes(), db.stat()
+    code, out, err = _record(db)
+    assert code == 2 and why in err and "it was left as it is" in err and err.count("\n") == 1, err
+    assert db.read_bytes() == original and (db.stat().st_ino, db.stat().st_mtime_ns) == (before.st_ino,
+                                                                                         before.st_mtime_ns)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.db", "node"]  # no lock, nothing moved aside
+
+
+def test_our_own_corrupt_history_is_moved_aside(node, tmp_path):
+    db = tmp_path / "h.db"
+    assert _record(db)[0] == 0
+    data = bytearray(db.read_bytes())
+    data[100:] = b"\xa5" * (len(data) - 100)  # our header (application_id) survives; the pages do not
+    db.write_bytes(bytes(data))
     code, out, err = _record(db)
     assert code == 0
-    assert "was not usable and was moved aside" in err and why in err
+    assert "was not usable and was moved aside" in err and "unreadable as SQLite" in err
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("h.db.unusable-") and not p.name.endswith(("-wal",
                                                                                                               "-shm"))]
-    assert aside.read_bytes() == original  # never silently overwritten
+    assert aside.read_bytes() == bytes(data)  # never silently overwritten
     assert json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]["samples"] == 1
 
 

@@ -17,6 +17,7 @@ def history_cmd(
     color: Color = None,
 ) -> None:
     """Show recorded history: per GPU and rank the low-water free memory, peak KV usage, a plot."""
+    import sqlite3
     import time
 
     from agent.history import store as history
@@ -32,12 +33,11 @@ def history_cmd(
     except history.HistoryError as exc:
         raise UsageProblem(str(exc)) from None
     try:
-        start = time.time() - window
-        runs = [history.run_stats(opened.conn, rid, since=start) for rid in history.runs(opened.conn, since=start)]
-        plots = {}
-        for r in runs:
-            for lw in r.gpus:
-                plots.setdefault(lw.gpu, [v for _, v in history.series(opened.conn, lw.gpu, since=start)])
+        runs, plots = history.read_window(opened.conn, time.time() - window)
+    except history.Corrupt as exc:
+        raise UsageProblem(str(exc.at(path))) from None
+    except sqlite3.OperationalError as exc:  # locked past the timeout, an I/O error
+        raise UsageProblem("{}: cannot read the history: {}".format(path, " ".join(str(exc).split()))) from None
     finally:
         opened.conn.close()
     if as_json:

@@ -66,6 +66,7 @@ def record(
         return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
 
     try:
+        history.claim(path)  # a path that is not our history is refused before the lock is made beside it
         with history.Lock(path):
             result = record_mod.record(path, collect, opts, samples, interval, keep_s,
                                        target="local:{}".format(__import__("socket").gethostname()))

@@ -77,17 +77,21 @@ def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
 def record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, samples: int = 1,
            interval_s: float = 0.0, keep_s: Optional[float] = None, target: str = "local") -> RecordResult:
     """Take ``samples`` snapshots into the history. The caller holds ``history.Lock``. A history that
-    cannot be written (disk full, a read-only file) is a HistoryError, one sentence."""
+    cannot be written (disk full, a read-only file) is a HistoryError, one sentence; a path that is not
+    our history is history.Refused and left untouched; our own damaged history is moved aside."""
     try:
         return _record(db_path, collect, opts, samples, interval_s, keep_s, target)
     except sqlite3.OperationalError as exc:
         raise history.HistoryError("{}: cannot write the history: {} (a full disk or a read-only file? "
                                    "--db PATH chooses another)".format(db_path, exc)) from None
+    except history.Corrupt as exc:  # found while writing, past every check: the next run's open moves it aside
+        raise exc.at(db_path) from None
 
 
 def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, samples: int,
             interval_s: float, keep_s: Optional[float], target: str) -> RecordResult:
-    opened = history.open_db(db_path)
+    first = collect()  # its engine run's rows are read before anything is written (open_db)
+    opened = history.open_db(db_path, run_key=run_key(first))
     conn = opened.conn
     written = 0
     run_min: Dict[int, int] = {}
@@ -97,7 +101,7 @@ def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, 
         for i in range(samples):
             if i:
                 time.sleep(interval_s)
-            snap = collect()
+            snap = collect() if i else first
             insp = inspect_snapshot(snap, target, opts)
             now = time.time()
             a = insp.analysis
@@ -145,5 +149,7 @@ def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunSta
     try:
         rid = history.run_id_for(opened.conn, run_key(snap))
         return history.run_stats(opened.conn, rid) if rid is not None else None
+    except (history.HistoryError, sqlite3.Error):  # a damaged history is no history here; record says so
+        return None
     finally:
         opened.conn.close()

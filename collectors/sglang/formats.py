@@ -402,8 +402,10 @@ FORMATS: Tuple[LineFormat, ...] = (
          _cause("scheduler_died"),
          first(when(_text_has("is dead"), "0.4.2", "0.5.9", "'Rank N scheduler is dead'"),
                always("0.5.10", None, "'Rank N scheduler died during initialization'")), anywhere=True),
+    # The name starts where a word does: searched from every letter of a long word, it would read to
+    # the word's end each time (quadratic).
     _row("process_exception", "failure", " hit an exception",
-         r"(\w+) hit an exception", _process_exception, anywhere=True),
+         r"(?<!\w)(\w+) hit an exception", _process_exception, anywhere=True),
     _row("process_exception_old", "failure", "Exception in ",
          r"^Exception in (run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti|\w+)\b", _process_exception),
     _row("child_failed", "failure", "Received sigquit", r"Received sigquit from a child proces", _cause("child_failed"),

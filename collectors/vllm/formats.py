@@ -153,8 +153,11 @@ def _advisory_off(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
 _CONSUMED = re.compile(r"Actual usage is (" + _NUM + r") GiB for consumed memory")
 _OLD_USAGE = re.compile(r"Actual usage is (" + _NUM + r") GiB for weight, (" + _NUM + r") GiB for peak activation, ("
                         + _NUM + r") GiB for non-torch memory")
-_PEAK = re.compile(r"(" + _NUM + r") GiB for peak activation")
-_CG = re.compile(r"(" + _NUM + r") GiB for CUDAGraph memory")
+# A searched pattern that starts with a number starts only where a number does: without the
+# lookbehind, every digit of a long run of digits is a start that reads to the run's end (quadratic).
+_NUM_START = r"(?<![\d.])"
+_PEAK = re.compile(_NUM_START + r"(" + _NUM + r") GiB for peak activation")
+_CG = re.compile(_NUM_START + r"(" + _NUM + r") GiB for CUDAGraph memory")
 _IN_USE = re.compile(r"Current kv cache memory in use is (" + _NUM + r") GiB")
 
 

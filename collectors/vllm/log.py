@@ -31,7 +31,9 @@ _PROC = re.compile(r"^\(?(?P<tag>[\w:.@/-]+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?)\)\s*
 _HEADER = re.compile(
     r"^(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +)?(?:(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?) +)?"
     r"\[?(?P<file>[\w.-]+\.py)(?::(?P<lineno>\d+))?\] +")
-_REPEATED = re.compile(r"\s*\[repeated (\d+)x across cluster\]\s*$")
+# Matched where its literal last starts (rfind), not searched: "\s*" searched from every blank of a
+# long run of blanks reads to the run's end each time (quadratic).
+_REPEATED = re.compile(r"\[repeated (\d+)x across cluster\]$")
 
 
 def split_record(raw: str) -> Tuple[Optional[str], Optional[str], Optional[str], str, Optional[int]]:
@@ -46,10 +48,11 @@ def split_record(raw: str) -> Tuple[Optional[str], Optional[str], Optional[str],
         tag = m.group("tag")  # the innermost prefix wins
         text = text[m.end():]
     repeated = None
-    r = _REPEATED.search(text)
+    at = text.rfind("[repeated ")
+    r = _REPEATED.match(text, at) if at >= 0 else None
     if r is not None:
         repeated = int(r.group(1))
-        text = text[:r.start()]
+        text = text[:at].rstrip()
     h = _HEADER.match(text)
     if h is None or (h.group("level") is None and not text.startswith("[")):
         return None, tag, None, text.strip(), repeated
