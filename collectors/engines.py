@@ -35,7 +35,9 @@ def classify(argv: List[str]) -> Optional[Tuple[str, Dict[str, Any]]]:
 
 
 def default_port(kind: str) -> int:
-    return for_bundle(kind).default_port
+    """The engine's default port; 0 for an engine this kvforensics does not know (no server of it is read)."""
+    engine = for_bundle(kind)
+    return engine.default_port if engine.name == kind or kind is None else 0
 
 
 def _scan(root: str) -> List[Dict[str, Any]]:

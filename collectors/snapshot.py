@@ -82,9 +82,10 @@ def _gpu_processes(root: str, nvml_section: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def engine_kind(engine: Dict[str, Any]) -> str:
-    """The engine's registered name; an entry written before snapshots named engines has no kind
-    (collectors/plugin.py for_bundle: the legacy engine's)."""
-    return for_bundle(engine.get("kind")).name
+    """The engine's name as the entry gives it; an entry written before snapshots named engines has
+    no kind (collectors/plugin.py for_bundle: the legacy engine's)."""
+    kind = engine.get("kind")
+    return kind if isinstance(kind, str) and kind else for_bundle(None).name
 
 
 def engine_port(engine: Dict[str, Any]) -> int:

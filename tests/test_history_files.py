@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict
 
 import pytest
 
-from agent import history
+from agent.history import store as history
 from tests.conftest import ROOT, run_cli
 
 SEED_NODE = ROOT / "examples" / "seed-node.json"
@@ -395,7 +395,7 @@ def _poke_bytes(db: Path, offset: int, data: bytes) -> None:
 
 @pytest.mark.parametrize("kind", ["directory", "fifo", "another program's sqlite"])
 def test_inspect_reads_no_history_from_what_is_not_ours(tmp_path, replay, kind):
-    from agent.record import current_stats
+    from agent.history.record import current_stats
 
     db = tmp_path / "h.db"
     HOSTILE[kind][0](db)

@@ -46,8 +46,8 @@ HOSTILE_VALUES = ("'text'", "''", "X'00FF'", "X''", "1e308", "-1e308", "9e999", 
 def base(tmp_path_factory) -> bytes:
     """A real history: this node's engine run (GPU and engine rows from the history module, then two
     samples by `record`), an older run without an engine, and one outside the default window."""
-    from agent import history
-    from agent.record import run_key
+    from agent.history import store as history
+    from agent.history.record import run_key
 
     snap = _snapshot()
     db = tmp_path_factory.mktemp("base") / "h.db"

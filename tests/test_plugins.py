@@ -158,3 +158,16 @@ def test_an_unregistered_engine_is_a_usage_error_listing_the_registered_ones(tmp
     log.write_text(TOY_LOG)
     code, out, err = run_cli(["analyze", str(log), "--engine-kind", "toyllm"])
     assert code == 2 and "toyllm" in err and all(name in err for name in BUILT_IN)
+
+
+def test_a_bundle_naming_an_engine_without_a_plug_in_leaves_it_out_and_says_so(tmp_path):
+    """A bundle from a kvforensics with more engines: the unknown server is left out, never read as another."""
+    doc = json.loads((ROOT / "examples" / "vllm-node.json").read_text())
+    doc["engines"]["engines"][0]["kind"] = "futurellm"
+    bundle = tmp_path / "future.json"
+    bundle.write_text(json.dumps(doc))
+    code, out, err = run_cli(["inspect", "--from", str(bundle), "--json"])
+    target = json.loads(out)["targets"][0]
+    assert code in (0, 1) and "internal error" not in err
+    assert target["engine"] is None or target["engine"]["name"] != "sglang"
+    assert any(p["code"] == "engines.unknown_kind" and "futurellm" in p["message"] for p in target["problems"])

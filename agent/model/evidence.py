@@ -268,6 +268,21 @@ def _all_problems(document: Mapping[str, Any]) -> Tuple[Problem, ...]:
     return tuple(problems)
 
 
+def _known(entry: Mapping[str, Any]) -> bool:
+    """An engine entry this kvforensics has a plug-in for (one written by a newer version may not)."""
+    from collectors.plugin import ENGINES
+    from collectors.snapshot import engine_kind
+
+    return ENGINES.find(engine_kind(entry)) is not None
+
+
+def _unknown_engines(document: Mapping[str, Any]) -> Tuple[Problem, ...]:
+    kinds = sorted({str(e.get("kind")) for e in (document.get("engines") or {}).get("engines") or ()
+                    if not _known(e)})
+    return tuple(Problem("engines.unknown_kind", "a {} server is in the snapshot, but this kvforensics has no "
+                         "plug-in for that engine: it is left out".format(k)) for k in kinds)
+
+
 def parse(document: Any) -> Snapshot:
     """Validate and type a snapshot document; EvidenceError if it is not one."""
     from collectors.snapshot import selected_engine
@@ -275,7 +290,7 @@ def parse(document: Any) -> Snapshot:
     if not isinstance(document, dict) or document.get("schema") != "kvforensics.snapshot/1":
         raise EvidenceError("not a kvforensics snapshot (expected schema kvforensics.snapshot/1)")
     check("snapshot", document)
-    engines_raw = (document.get("engines") or {}).get("engines") or []
+    engines_raw = [e for e in (document.get("engines") or {}).get("engines") or () if _known(e)]
     engines = tuple(_engine(e) for e in engines_raw)
     chosen = selected_engine(document)
     cfg = document.get("model_config") or {}
@@ -286,4 +301,4 @@ def parse(document: Any) -> Snapshot:
         processes=_gpu_processes(document), engine_log=_engine_log(document.get("engine_log") or {}),
         model_config=cfg.get("config"), model_config_path=cfg.get("path"),
         http=_engine_http(document.get("engine_http") or {}), collector_runs=_collector_runs(document),
-        problems=_all_problems(document), raw=document)
+        problems=_all_problems(document) + _unknown_engines(document), raw=document)
