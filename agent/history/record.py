@@ -133,7 +133,8 @@ def _record(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, 
         assert insp is not None
         # Findings and recommendations now rest on the run's history, not only the last look.
         insp = inspect_snapshot(insp.snapshot, target, opts, history=stats)  # already typed
-        return RecordResult(insp, stats, written, pruned, opened.moved_aside, run_min)
+        return RecordResult(inspection=insp, stats=stats, samples_written=written, pruned=pruned,
+                            moved_aside=opened.moved_aside, run_min=run_min)
     finally:
         conn.close()
 

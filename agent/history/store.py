@@ -659,10 +659,11 @@ def run_stats(conn: sqlite3.Connection, run_id: int, since: Optional[float] = No
     # MAX sorts text and blobs above numbers: one checked value stands for the column
     eng = conn.execute("SELECT MAX(e.used_tokens), MAX(e.token_usage), MAX(e.kv_tokens) FROM engine_samples e "
                        "JOIN samples s ON s.id = e.sample_id WHERE {}".format(where), args).fetchone()
-    return RunStats(run[0], run[1], run[2], run[3], run[4], run[5], samples, gpus,
-                    _typed(COUNT, eng[0], "engine_samples.used_tokens"),
-                    _typed(SHARE, eng[1], "engine_samples.token_usage"),
-                    _typed(COUNT, eng[2], "engine_samples.kv_tokens"))
+    return RunStats(run_id=run[0], run_key=run[1], engine=run[2], model=run[3], first_seen=run[4],
+                    last_seen=run[5], samples=samples, gpus=gpus,
+                    peak_used_tokens=_typed(COUNT, eng[0], "engine_samples.used_tokens"),
+                    peak_token_usage=_typed(SHARE, eng[1], "engine_samples.token_usage"),
+                    kv_tokens=_typed(COUNT, eng[2], "engine_samples.kv_tokens"))
 
 
 RUN_COLUMNS = "id, run_key, engine, model, first_seen, last_seen"
@@ -683,9 +684,11 @@ def _low_water(conn: sqlite3.Connection, where: str, args: List[Any], row: Seque
                       args + [gpu, low]).fetchone()
     last = conn.execute("SELECT g.free_bytes FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} AND "
                         "g.gpu = ? ORDER BY s.id DESC LIMIT 1".format(where), args + [gpu]).fetchone()
-    return GpuLowWater(gpu, _typed(TEXT, row[1], "gpu_samples.uuid"), _typed(TEXT, row[2], "gpu_samples.rank"),
-                       row[3], low, high, _typed(BYTES, last[0] if last else None, "gpu_samples.free_bytes"),
-                       _typed(TIME, at[0] if at else None, "samples.taken_at"))
+    return GpuLowWater(gpu=gpu, uuid=_typed(TEXT, row[1], "gpu_samples.uuid"),
+                       rank=_typed(TEXT, row[2], "gpu_samples.rank"), samples=row[3], min_free_bytes=low,
+                       max_free_bytes=high,
+                       last_free_bytes=_typed(BYTES, last[0] if last else None, "gpu_samples.free_bytes"),
+                       min_free_at=_typed(TIME, at[0] if at else None, "samples.taken_at"))
 
 
 @_reading

@@ -59,9 +59,9 @@ def _processes(gpu: Gpu, procs: Mapping[int, Process], ranks: Dict[int, str], en
     out = []
     for p in gpu.processes:
         info = procs.get(p.pid)
-        out.append(GpuProcess(p.pid, p.used_bytes, _short(info.cmdline if info else ()) or "?",
-                              _owner(p.pid, info, engine_pids, other_pids), ranks.get(p.pid),
-                              info.user if info else None, info.container if info else None))
+        out.append(GpuProcess(pid=p.pid, used_bytes=p.used_bytes, name=_short(info.cmdline if info else ()) or "?",
+                              owner=_owner(p.pid, info, engine_pids, other_pids), rank=ranks.get(p.pid),
+                              user=info.user if info else None, container=info.container if info else None))
     return out
 
 
@@ -101,9 +101,10 @@ def _gpu_ledger(gpu: Gpu, procs: Mapping[int, Process], placed: Dict[int, Tuple[
     ranked = next((p for p in reversed(processes) if p.rank is not None), None)
     rank = ranked.rank if ranked else None
     items = _items(gpu, processes, placed[ranked.pid][1] if ranked else [])
-    return GpuLedger(gpu.index, gpu.status, gpu.uuid, gpu.name, gpu.total_bytes, gpu.reserved_bytes, gpu.used_bytes,
-                     gpu.free_bytes, tuple(processes), rank, tuple(items),
-                     tuple(Problem(p.code, "GPU {}: {}".format(gpu.index, p.message)) for p in gpu.problems))
+    return GpuLedger(index=gpu.index, status=gpu.status, uuid=gpu.uuid, name=gpu.name, total_bytes=gpu.total_bytes,
+                     reserved_bytes=gpu.reserved_bytes, used_bytes=gpu.used_bytes, free_bytes=gpu.free_bytes,
+                     processes=tuple(processes), rank=rank, items=tuple(items),
+                     problems=tuple(Problem(p.code, "GPU {}: {}".format(gpu.index, p.message)) for p in gpu.problems))
 
 
 def _status(snap: Snapshot, analysis: Optional[Any], gpus: List[GpuLedger], nothing: bool) -> str:
@@ -136,8 +137,9 @@ def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any]
     problems = list(snap.problems) + extra + [p for g in gpus for p in g.problems]
     nothing = (snap.nvml.status in ("absent", "failed", None) and snap.host_memory.status in ("failed", None)
                and not snap.engines)
-    return Inspection(target, _status(snap, analysis, gpus, nothing), tuple(problems), snap, analysis,
-                      tuple(gpus), snap.host_memory, opts, collected_nothing=nothing, history=history,
+    return Inspection(target=target, status=_status(snap, analysis, gpus, nothing), problems=tuple(problems),
+                      snapshot=snap, analysis=analysis, gpus=tuple(gpus), host_memory=snap.host_memory, options=opts,
+                      collected_nothing=nothing, history=history,
                       engine=None if engine is None else engine.label, engine_kind=engine.kind if engine else None,
                       engine_args=None if engine is None else dict(engine.server_args),
                       other_engines=snap.others)

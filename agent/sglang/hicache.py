@@ -56,13 +56,13 @@ def host_ram_offload(ctx: "Context") -> Iterator[Finding]:
     avail = insp.host_memory.available_bytes
     ratio = off.tokens / (a.summary.max_total_num_tokens or 1)
     enabled = bool(a.server_args.get("enable_hierarchical_cache"))
-    yield Finding("host_ram_offload", "info",
-                  "Host RAM could hold {:,} KV tokens per rank ({:.1f}× the GPU pool) as a HiCache tier".format(
-                      off.tokens, ratio),
-                  "{} host RAM available (MemAvailable{}), minus SGLang's 10 GiB host reserve, split over {} rank(s): "
-                  "{:.2f} GB each; --hicache-size {} (decimal GB, rounded down, as SGLang reads it) at {:,} "
-                  "B/token.{}".format(
-                      gib(avail), ", cgroup-bounded" if insp.host_memory.cgroup_limit_bytes else "", off.ranks,
-                      off.per_rank_bytes / 1e9, off.size_gb, a.budget.cell_bytes,
-                      " HiCache is already enabled." if enabled else ""),
-                  off.per_rank_bytes * off.ranks, ("/proc/meminfo MemAvailable",))
+    title = "Host RAM could hold {:,} KV tokens per rank ({:.1f}× the GPU pool) as a HiCache tier".format(
+        off.tokens, ratio)
+    detail = ("{} host RAM available (MemAvailable{}), minus SGLang's 10 GiB host reserve, split over {} rank(s): "
+              "{:.2f} GB each; --hicache-size {} (decimal GB, rounded down, as SGLang reads it) at {:,} "
+              "B/token.{}").format(
+                  gib(avail), ", cgroup-bounded" if insp.host_memory.cgroup_limit_bytes else "", off.ranks,
+                  off.per_rank_bytes / 1e9, off.size_gb, a.budget.cell_bytes,
+                  " HiCache is already enabled." if enabled else "")
+    yield Finding(code="host_ram_offload", severity="info", title=title, detail=detail,
+                  bytes=off.per_rank_bytes * off.ranks, evidence=("/proc/meminfo MemAvailable",))

@@ -49,5 +49,5 @@ def log_imbalance(ctx: "Context") -> Iterator[Finding]:
         text, at = warned
         detail += " SGLang itself warned: {} ({}).".format(text, at)
         evidence += (at,)
-    yield Finding("rank_imbalance", "warning", "GPU memory is unbalanced across ranks", detail.strip(),
-                  spread or None, evidence)
+    yield Finding(code="rank_imbalance", severity="warning", title="GPU memory is unbalanced across ranks",
+                  detail=detail.strip(), bytes=spread or None, evidence=evidence)
