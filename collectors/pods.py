@@ -23,12 +23,21 @@ from typing import Any, Dict, List, Optional, Tuple
 PODS_DIR = "/var/log/pods"
 CONTAINERS_DIR = "/var/log/containers"
 
-# What Kubernetes accepts (apimachinery validation): a container name is a DNS-1123 label.
+# What Kubernetes accepts (apimachinery validation): a namespace and a container name are DNS-1123
+# labels, a pod name a DNS-1123 subdomain. Validating --log k8s:… against them also keeps any path
+# separator, glob character or leading "-" out of the paths built from them.
 _LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
 _LINK = re.compile(r"^([a-z0-9.-]+)_([a-z0-9-]+)_([a-z0-9-]+)-([0-9a-f]{64})\.log$")
 # A pod UID is a UUID; a static pod's is the 32-hex hash of its manifest.
 _POD_DIR = re.compile(r"^([a-z0-9-]+)_([a-z0-9.-]+)_([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
                       r"|[0-9a-f]{32})$")
+_CURRENT = re.compile(r"^([0-9]{1,9})\.log$")
+_ROTATED = re.compile(r"^([0-9]{1,9})\.log\.([0-9]{8}-[0-9]{6})(\.gz)?$")
+
+
+class PodLogError(LookupError):
+    """No log directory for the pod and container asked for; one sentence."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,10 @@ class PodContainer:
     def label(self) -> str:
         """How --log names it: ``k8s:NAMESPACE/POD/CONTAINER``."""
         return "k8s:" + "/".join(x for x in (self.namespace, self.pod, self.container) if x)
+
+
+def valid_reference(namespace: str, pod: str, container: Optional[str]) -> bool:
+    return bool(_LABEL.match(namespace) and _SUBDOMAIN.match(pod) and (container is None or _LABEL.match(container)))
 
 
 def _under(root: str, path: str) -> str:
@@ -130,3 +143,80 @@ def from_container(container: Optional[Dict[str, Any]]) -> Optional[PodContainer
         return None
     return PodContainer(namespace=container["namespace"], pod=container["pod"], uid=container["pod_uid"],
                         container=container.get("name"))
+
+
+def _only_container(root: str, namespace: str, pod: str, uid: str) -> str:
+    names = [c for c in _listdir(_under(root, "{}/{}_{}_{}".format(PODS_DIR, namespace, pod, uid))) if _LABEL.match(c)]
+    if len(names) != 1:
+        raise PodLogError("pod {}/{} logs {} containers ({}): name one, k8s:{}/{}/CONTAINER".format(
+            namespace, pod, len(names), ", ".join(names) or "none", namespace, pod))
+    return names[0]
+
+
+def find(root: str, namespace: str, pod: str, container: Optional[str] = None) -> PodContainer:
+    """The pod and container ``--log k8s:NAMESPACE/POD[/CONTAINER]`` names. A pod recreated under the same
+    name (a StatefulSet's) may leave its old folder for a while: the one written last is taken."""
+    if not valid_reference(namespace, pod, container):
+        raise PodLogError("not a Kubernetes namespace/pod/container name: {!r}".format(
+            "/".join(x for x in (namespace, pod, container) if x)))
+    folders = []
+    for name in _listdir(_under(root, PODS_DIR)):
+        parsed = _parse_pod_dir(name)
+        if parsed is not None and parsed[:2] == (namespace, pod):
+            folders.append((_newest_mtime(_under(root, PODS_DIR + "/" + name)), parsed[2]))
+    if not folders:
+        raise PodLogError("no log folder {}/{}_{}_<uid> on this node (is the pod scheduled here?)".format(
+            PODS_DIR, namespace, pod))
+    uid = max(folders)[1]
+    found = PodContainer(namespace=namespace, pod=pod, uid=uid,
+                         container=container or _only_container(root, namespace, pod, uid))
+    if not os.path.isdir(_under(root, found.log_dir or "")):
+        raise PodLogError("pod {}/{} has no container {!r} logging on this node".format(namespace, pod, container))
+    return found
+
+
+def _newest_mtime(path: str) -> float:
+    try:
+        return max([os.stat(os.path.join(path, c)).st_mtime for c in os.listdir(path)] + [os.stat(path).st_mtime])
+    except OSError:
+        return 0.0
+
+
+@dataclass(frozen=True)
+class LogFiles:
+    """A container's log files, the ones to read first first."""
+
+    restart: Optional[int]  # N of the current container's N.log
+    files: Tuple[str, ...]  # the node's paths: N.log, then its rotations newest first
+    previous: Optional[str]  # the previous container's (N-1) current file, when kept
+
+
+def log_files(root: str, log_dir: str) -> LogFiles:
+    """The current container's file (the highest N: restarts count up) and its rotations, newest first."""
+    current: Dict[int, str] = {}
+    rotated: Dict[int, List[Tuple[str, str]]] = {}
+    for name in _listdir(_under(root, log_dir)):
+        m = _CURRENT.match(name)
+        if m:
+            current[int(m.group(1))] = name
+            continue
+        m = _ROTATED.match(name)
+        if m:
+            rotated.setdefault(int(m.group(1)), []).append((m.group(2), name))
+    restarts = sorted(set(current) | set(rotated))
+    if not restarts:
+        return LogFiles(restart=None, files=(), previous=None)
+    n = restarts[-1]
+    names = ([current[n]] if n in current else []) + [name for _, name in sorted(rotated.get(n, []), reverse=True)]
+    earlier = [r for r in restarts if r < n and r in current]
+    return LogFiles(restart=n, files=tuple("{}/{}".format(log_dir, x) for x in names),
+                    previous="{}/{}".format(log_dir, current[earlier[-1]]) if earlier else None)
+
+
+def parse_log_dir(log_dir: str) -> Optional[PodContainer]:
+    """The pod and container a container's log folder (``/var/log/pods/<ns>_<pod>_<uid>/<container>``) is."""
+    parts = log_dir.rstrip("/").split("/")
+    folder = _parse_pod_dir(parts[-2]) if len(parts) >= 2 else None
+    if folder is None or not _LABEL.match(parts[-1]) or "/".join(parts[:-2]) != PODS_DIR:
+        return None
+    return PodContainer(namespace=folder[0], pod=folder[1], uid=folder[2], container=parts[-1])

@@ -159,9 +159,9 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
 
         def log_section() -> Dict[str, Any]:
             if log:
-                return engine_logs.collect(engine_logs.parse_spec(log), None, startup, kind or "auto")
+                return engine_logs.collect(engine_logs.parse_spec(log), None, startup, kind or "auto", root)
             spec, reason = engine_logs.spec_for(server)
-            return engine_logs.collect(spec, reason, startup, kind or "auto")
+            return engine_logs.collect(spec, reason, startup, kind or "auto", root)
 
         snap["engine_log"] = _run(engine_logs.NAME, log_section, runs, strict)
     else:

@@ -7,6 +7,7 @@ real network namespaces (tests/kubelet.py), which need root: skipped without it.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors import pods, procfs
-from tests.kubelet import Node, Pod, why_not
+from collectors import engine_logs, pods, procfs
+from tests.conftest import ROOT, run_cli
+from tests.kubelet import Node, Pod, cri_record, why_not
 
 UID = "5bcdc426-6c0b-4e86-a265-44ce4901c1d8"
 CID = "24c50cd73dc05a7af7c35992360cbeba442e7344944130a82801d192e31c32fa"
@@ -129,6 +131,130 @@ def test_pod_names_from_the_pods_folder_without_a_link(tmp_path):
 def test_a_container_outside_kubernetes_is_left_as_it_is(tmp_path):
     _layout(tmp_path)
     assert pods.describe(str(tmp_path), {"runtime": "docker", "id": CID}) == {"runtime": "docker", "id": CID}
+
+
+def test_log_files_current_then_rotated_newest_first(tmp_path):
+    folder = _layout(tmp_path, restart=2)
+    for name in ("0.log", "1.log", "1.log.20260501-100000.gz", "2.log.20260501-120000.gz", "2.log.20260501-130000",
+                 "2.log.20260501-110000.gz", "notes.txt"):
+        (folder / name).touch()
+    files = pods.log_files(str(tmp_path), "/var/log/pods/inference_llama-0_{}/vllm".format(UID))
+    base = "/var/log/pods/inference_llama-0_{}/vllm/".format(UID)
+    assert files.restart == 2
+    assert files.files == tuple(base + x for x in ("2.log", "2.log.20260501-130000", "2.log.20260501-120000.gz",
+                                                   "2.log.20260501-110000.gz"))
+    assert files.previous == base + "1.log"
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("k8s:inference/llama-0", ("k8s", "inference/llama-0")),
+    ("k8s:inference/llama-0.shard-1/vllm", ("k8s", "inference/llama-0.shard-1/vllm")),
+])
+def test_k8s_log_spec(spec, want):
+    assert engine_logs.parse_spec(spec) == want
+
+
+@pytest.mark.parametrize("spec", ["k8s:", "k8s:inference", "k8s:../etc/passwd", "k8s:inference/../x",
+                                  "k8s:Inference/llama", "k8s:-n/llama", "k8s:inference/llama-*", "k8s:a/b/c/d",
+                                  "k8s:inference/llama/$(touch owned)", "k8s:inference//vllm", "k8s:a_b/c",
+                                  "k8s:" + "a" * 64 + "/pod"])
+def test_k8s_log_spec_refuses_what_kubernetes_would(spec):
+    with pytest.raises(engine_logs.LogSpecError):
+        engine_logs.parse_spec(spec)
+
+
+@pytest.mark.parametrize("value", ["k8s:../x", "k8s:ns/pod/$(touch owned)", "k8s:-o/x"])
+def test_a_bad_k8s_log_spec_is_a_usage_error(value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["inspect", "--log", value])
+    assert code == 2 and "k8s:NAMESPACE/POD[/CONTAINER]" in err and not (tmp_path / "owned").exists()
+
+
+# --- reading the container's CRI log -----------------------------------------------------------------
+
+VLLM_LOG = (ROOT / "tests" / "fixtures" / "fake_vllm" / "v1-0.27-tp2.log").read_text().format(
+    server=1, core=2, tp0=3, tp1=4, port=8000)
+SERVING = "(APIServer pid=1) INFO 11-30 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s\n"
+
+
+def _cri(text: str) -> bytes:
+    """Whole lines as CRI records (F). Split (P) records: tests/test_logfile.py, tests/test_shipping.py."""
+    return b"".join(cri_record(line.encode()) for line in text.splitlines())
+
+
+def _version(section) -> str:
+    return next(raw for _, _, raw in section["lines"] if "Initializing a V1 LLM engine" in raw).split("(v")[1][:6]
+
+
+def test_the_current_containers_file_after_a_restart(tmp_path):
+    """Restart 1: 0.log is the previous container's (another startup), 1.log the running one's."""
+    folder = _layout(tmp_path, restart=1)
+    (folder / "0.log").write_bytes(_cri(VLLM_LOG.replace("(v0.27.0)", "(v0.20.0)")))
+    (folder / "1.log").write_bytes(_cri(VLLM_LOG))
+    s = engine_logs.collect(("k8s", "inference/llama-0/vllm"), root=str(tmp_path), engine="vllm")
+    assert s["status"] == "ok" and s["source"] == "k8s:inference/llama-0/vllm" and _version(s) == "0.27.0"
+    assert s["notes"][0] == "k8s:inference/llama-0/vllm: read /var/log/pods/inference_llama-0_{}/vllm/1.log " \
+        "(container restart 1)".format(UID)
+
+
+def test_a_startup_rotated_out_of_the_current_file(tmp_path):
+    """A long-running engine: N.log holds only serving lines; the startup is in a gzipped rotation."""
+    folder = _layout(tmp_path)
+    (folder / "0.log").write_bytes(_cri(SERVING * 3))
+    (folder / "0.log.20260501-120000").write_bytes(_cri(SERVING * 3))
+    with gzip.open(str(folder / "0.log.20260501-110000.gz"), "wb") as f:
+        f.write(_cri(VLLM_LOG + SERVING))
+    s = engine_logs.collect(("k8s", "inference/llama-0"), root=str(tmp_path), engine="vllm")
+    assert s["status"] == "ok" and _version(s) == "0.27.0"
+    assert "0.log.20260501-110000.gz (container restart 0; rotated out of the current file)" in s["notes"][0]
+
+
+def test_found_from_the_process_and_no_startup_names_the_previous_container(tmp_path):
+    folder = _layout(tmp_path, restart=1)
+    (folder / "0.log").write_bytes(_cri(VLLM_LOG))
+    (folder / "1.log").write_bytes(_cri(SERVING))
+    container = pods.describe(str(tmp_path), _kube("containerd"))
+    spec, why = engine_logs.spec_for({"pid": 7, "stdout": "pipe", "container": container})
+    assert why is None and spec == ("cri", "/var/log/pods/inference_llama-0_{}/vllm".format(UID))
+    s = engine_logs.collect(spec, root=str(tmp_path), engine="vllm")
+    assert s["status"] == "failed" and s["source"] == "k8s:inference/llama-0/vllm"
+    message = s["problems"][0]["message"]
+    assert s["problems"][0]["code"] == "engine_log.no_startup"
+    assert "the previous container's log is /var/log/pods/inference_llama-0_{}/vllm/0.log".format(UID) in message
+
+
+def test_a_pod_with_several_containers_needs_one_named(tmp_path):
+    _layout(tmp_path)
+    _layout(tmp_path, container="sidecar", cid="f" * 64)
+    s = engine_logs.collect(("k8s", "inference/llama-0"), root=str(tmp_path))
+    assert s["status"] == "failed" and "logs 2 containers (sidecar, vllm)" in s["problems"][0]["message"]
+    s = engine_logs.collect(("k8s", "inference/llama-1/vllm"), root=str(tmp_path))
+    assert "no log folder /var/log/pods/inference_llama-1_<uid>" in s["problems"][0]["message"]
+
+
+@pytest.mark.parametrize("server,want", [
+    ({"pid": 7, "stdout": "pipe", "container": {"runtime": "docker", "id": CID}}, ("docker", CID[:12])),
+    ({"pid": 7, "stdout": "tty", "container": {"runtime": "podman", "id": CID}}, ("podman", CID[:12])),
+    # a file inside the container is the container's path: the host reads it through /proc/PID/root
+    ({"pid": 7, "stdout": "file:/logs/server.log", "container": {"runtime": "podman", "id": CID}},
+     ("file", "/proc/7/root/logs/server.log")),
+    ({"pid": 7, "stdout": "pipe", "container": _kube("containerd")}, None),  # the layout does not name it
+])
+def test_where_a_containers_engine_writes(server, want):
+    spec, why = engine_logs.spec_for(server)
+    assert spec == want
+    if want is None:
+        assert "pass --log k8s:NAMESPACE/POD/CONTAINER" in why
+
+
+def test_podman_logs(tmp_path, monkeypatch):
+    """No podman here: a stand-in prints what ``podman logs`` would."""
+    tool = tmp_path / "podman"
+    tool.write_text("#!/bin/sh\ncat {}\n".format(ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"))
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", "{}:{}".format(tmp_path, os.environ["PATH"]))
+    s = engine_logs.collect(("podman", CID[:12]))
+    assert s["status"] == "ok" and s["source"] == "podman:" + CID[:12] and s["lines"]
 
 
 # --- real processes in real cgroups --------------------------------------------------------------------
