@@ -196,10 +196,10 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
     if http and chosen is not None and server is not None:
         from collectors import engine_http
 
-        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind), runs,
+        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind, server["pid"], root), runs,
                                    strict)
     else:
-        snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {},
-                               "cache_config": None, "problems": []}
+        snap["engine_http"] = {"status": "absent", "url": None, "network_namespace": None, "server_info": None,
+                               "metrics": {}, "cache_config": None, "problems": []}
     snap["collector_runs"] = runs
     return snap

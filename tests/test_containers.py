@@ -10,14 +10,17 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from collectors import engine_logs, pods, procfs
+from collectors import engine_http, engine_logs, netns, pods, procfs
+from tests import kubelet
 from tests.conftest import ROOT, run_cli
 from tests.kubelet import Node, Pod, cri_record, why_not
 
@@ -301,3 +304,100 @@ def test_a_process_in_a_kubelet_cgroup(tmp_path, driver, runtime, qos):
         finally:
             _stop(shim)
     assert container == {"runtime": runtime, "id": pod.container_id, "pod_uid": pod.uid, "qos": qos}
+
+
+# --- HTTP in the container's network namespace -------------------------------------------------------
+
+SERVER = textwrap.dedent('''
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = sys.argv[2].encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+''')
+
+
+@pytest.fixture
+def decoy():
+    with kubelet.decoy() as port:
+        yield port
+
+
+def _serving_in_netns(port: int, body: str) -> subprocess.Popen:
+    """A real HTTP server in a network namespace made with ``unshare --net`` (loopback up), reachable only there."""
+    from tests.kubelet_shim import LO_UP
+
+    return subprocess.Popen(["unshare", "--net", "--", sys.executable, "-c", LO_UP, sys.executable, "-c", SERVER,
+                             str(port), body], stdout=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_listening(pid: int, port: int) -> None:
+    """Until the process has its own namespace (before ``unshare`` runs it shares the host's, where the
+    decoy listens) and listens there."""
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if netns.foreign_namespace("/", pid) is None:
+            time.sleep(0.05)
+            continue
+        with open("/proc/{}/net/tcp".format(pid)) as f:  # the namespace's own table
+            if any(":{:04X} 00000000:0000 0A".format(port) in line for line in f):
+                return
+        time.sleep(0.05)
+    raise AssertionError("nothing listens on {} in PID {}'s namespace".format(port, pid))
+
+
+@needs_pods
+def test_a_request_in_another_network_namespace(decoy):
+    proc = _serving_in_netns(decoy, "vllm:num_requests_running 21\n")
+    try:
+        _wait_listening(proc.pid, decoy)
+        theirs = netns.namespace_of("/", proc.pid)
+        assert netns.foreign_namespace("/", proc.pid) == theirs != netns.namespace_of("/", os.getpid())
+        assert netns.foreign_namespace("/", os.getpid()) is None
+        from collectors import loopback
+
+        url = "http://127.0.0.1:{}/metrics".format(decoy)
+        assert netns.call_in("/", proc.pid, lambda: loopback.get(url)) == b"vllm:num_requests_running 21\n"
+        assert loopback.get(url) == kubelet.DECOY_METRICS  # this thread never left the host's
+        s = engine_http.collect({"port": decoy}, "vllm", pid=proc.pid)
+    finally:
+        _stop(proc)
+    assert s["metrics"]["vllm:num_requests_running"] == 21
+    assert s["status"] == "ok" and s["network_namespace"] == theirs and s["url"] == "http://127.0.0.1:{}".format(decoy)
+    with pytest.raises(netns.NamespaceError):
+        netns.call_in("/", proc.pid, lambda: None)  # gone: no namespace to enter
+
+
+@needs_pods
+def test_a_namespace_that_cannot_be_entered_is_not_asked_on_the_hosts_loopback(decoy):
+    """Without CAP_SYS_ADMIN setns fails: the host's loopback (the decoy, another pod's engine) must not
+    stand in for the pod's, and the problem says why."""
+    proc = _serving_in_netns(decoy, "vllm:num_requests_running 21\n")
+    program = ("import json; from collectors import engine_http; "
+               "print(json.dumps(engine_http.collect({{'port': {}}}, 'vllm', pid={})))".format(decoy, proc.pid))
+    try:
+        _wait_listening(proc.pid, decoy)
+        out = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", "--",
+                              sys.executable, "-c", program], cwd=str(ROOT), stdout=subprocess.PIPE, check=True,
+                             universal_newlines=True).stdout
+    finally:
+        _stop(proc)
+    s = json.loads(out)
+    assert s["metrics"] == {} and s["status"] == "absent"
+    assert [p["code"] for p in s["problems"]] == ["engine_http.other_namespace"]
+    assert "Operation not permitted" in s["problems"][0]["message"]
+
+
+def test_the_loopback_of_a_fixture_tree_is_this_ones(tmp_path):
+    """A /proc that does not say (a fixture tree, another user's process): this namespace, as before."""
+    assert netns.foreign_namespace(str(tmp_path), 1) is None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got = engine_http.collect({"port": port}, "vllm", pid=1, root=str(tmp_path))
+    assert got["network_namespace"] is None and got["problems"][0]["code"] == "engine_http.unreachable"

@@ -168,6 +168,7 @@ class EngineHttp:
     url: Optional[str]
     metrics: Mapping[str, float]
     cache_config: Optional[Mapping[str, Any]] = None  # vLLM's cache_config_info labels
+    network_namespace: Optional[str] = None  # the server's "net:[inode]" when asked inside it (a pod's)
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,8 @@ def _engine_log(log: Mapping[str, Any]) -> EngineLog:
 def _engine_http(http: Mapping[str, Any]) -> EngineHttp:
     cache_config = http.get("cache_config")
     return EngineHttp(url=http.get("url"), metrics=dict(http.get("metrics") or {}),
-                      cache_config=dict(cache_config) if isinstance(cache_config, dict) else None)
+                      cache_config=dict(cache_config) if isinstance(cache_config, dict) else None,
+                      network_namespace=http.get("network_namespace"))
 
 
 def _gpu_processes(document: Mapping[str, Any]) -> Dict[int, Process]:
