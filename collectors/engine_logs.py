@@ -1,13 +1,16 @@
-"""Find and read the engine's startup log: its stdout file, its systemd journal, or its container.
+"""Find and read the engine's startup log: its stdout file, its systemd journal, or its container's.
 
 Where an engine writes depends on how it was started:
-* ``/proc/PID/fd/1`` is a regular file (``nohup … > server.log``): read that file from the end.
+* ``/proc/PID/fd/1`` is a regular file (``nohup … > server.log``): read that file from the end (in a
+  container, the path is the container's: it is read through ``/proc/PID/root``).
 * a systemd service: the unit's journal, *this invocation only* (``_SYSTEMD_INVOCATION_ID``),
   newest first, stopping at the startup's launch line (its plug-in's ``launch_lines``).
-* a docker container: ``docker logs --tail``.
-``--log PATH|journal:UNIT|docker:NAME`` overrides. Commands run with argument lists (never a
-shell), and unit/container names are validated first: a value starting with ``-`` could
-otherwise become an option.
+* a kubelet's container (containerd, CRI-O): its CRI log file under /var/log/pods, the current
+  container's ``N.log`` and then its rotated files, newest first (collectors/pods.py).
+* a docker or podman container: ``docker logs --tail`` / ``podman logs --tail``.
+``--log PATH|journal:UNIT|docker:NAME|podman:NAME|k8s:NAMESPACE/POD[/CONTAINER]`` overrides. Commands
+run with argument lists (never a shell), and unit/container/pod names are validated first: a value
+starting with ``-`` could otherwise become an option, one holding ``/`` or ``..`` another path.
 
 Output: ``{"status", "source", "lines": [[line, offset, raw], ...] (the chosen startup's
 recognised lines), "index", "count", "index_from_end", "notes", "problems"}``. ``raw`` is the line
@@ -17,11 +20,13 @@ as the engine wrote it: a shipper's prefix removed and a CRI file's partial reco
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
+from collectors import pods
 from collectors.events import EngineStartup as Startup
 from collectors.logfile import LogReadError, keywords_for, read_log
 from collectors.plugin import ENGINES
@@ -39,12 +44,29 @@ def _display(engine: str) -> str:
 
 
 class LogSpecError(ValueError):
-    """A --log value that is not PATH, journal:UNIT or docker:NAME with a safe name."""
+    """A --log value that is not PATH, journal:UNIT, docker:NAME, podman:NAME or k8s:NAMESPACE/POD[/CONTAINER]
+    with safe names."""
+
+
+_COMMAND_KINDS = ("journal", "docker", "podman")
+K8S = "k8s"
+CRI_DIR = "cri"  # a kubelet container's log folder, as found from its process (not a --log form)
+
+
+def _parse_k8s(value: str) -> Tuple[str, str]:
+    parts = value.split("/")
+    if len(parts) not in (2, 3) or not pods.valid_reference(parts[0], parts[1], parts[2] if len(parts) == 3 else None):
+        raise LogSpecError("--log k8s:NAMESPACE/POD[/CONTAINER] takes Kubernetes names (lowercase letters, digits, "
+                           "- and, in a pod name, .), not {!r}".format(value))
+    return K8S, value
 
 
 def parse_spec(spec: str) -> Tuple[str, str]:
-    """("file", path) | ("journal", unit) | ("docker", name); rejects unsafe names."""
-    for kind in ("journal", "docker"):
+    """("file", path) | ("journal", unit) | ("docker"|"podman", name) | ("k8s", "namespace/pod[/container]");
+    rejects unsafe names."""
+    if spec.startswith(K8S + ":"):
+        return _parse_k8s(spec[len(K8S) + 1:])
+    for kind in _COMMAND_KINDS:
         if spec.startswith(kind + ":"):
             name = spec[len(kind) + 1:]
             if not _SAFE_NAME.match(name):
@@ -52,8 +74,23 @@ def parse_spec(spec: str) -> Tuple[str, str]:
                                    "not {!r}".format(kind, name))
             return kind, name
     if not spec:
-        raise LogSpecError("--log needs a path, journal:UNIT or docker:NAME")
+        raise LogSpecError("--log needs a path, journal:UNIT, docker:NAME, podman:NAME or k8s:NAMESPACE/POD")
     return "file", spec
+
+
+def _container_spec(pid: int, container: Dict[str, Any]) -> Tuple[Optional[Tuple[str, str]], Optional[str]]:
+    """Where a container's stdout pipe ends: the kubelet's CRI log file (docker keeps its own, which
+    ``docker logs`` reads), else the runtime's ``logs`` command."""
+    runtime = container.get("runtime")
+    pod = pods.from_container(container)
+    if runtime in ("docker", "podman"):
+        return (runtime, container["id"][:12]), None
+    if pod is not None and pod.log_dir is not None:
+        return (CRI_DIR, pod.log_dir), None
+    if container.get("pod_uid"):
+        return None, ("PID {} runs in pod {} but {} does not name its container's log: pass --log "
+                      "k8s:NAMESPACE/POD/CONTAINER or the log file").format(pid, container["pod_uid"], pods.PODS_DIR)
+    return None, "PID {} runs in a {} container ({}): pass --log".format(pid, runtime, container["id"][:12])
 
 
 def spec_for(server: Optional[Dict[str, Any]]) -> Tuple[Optional[Tuple[str, str]], Optional[str]]:
@@ -61,19 +98,20 @@ def spec_for(server: Optional[Dict[str, Any]]) -> Tuple[Optional[Tuple[str, str]
     if server is None:
         return None, "no server process found (only its workers)"
     out = server.get("stdout") or ""
+    container = server.get("container")
     if out.startswith("file:"):
-        return ("file", out[5:]), None
+        # a container's path is in its own mount namespace: the host reaches it through /proc/PID/root
+        return ("file", "/proc/{}/root{}".format(server["pid"], out[5:]) if container else out[5:]), None
     if out.startswith("deleted:"):
         return None, "the server's stdout file {} was deleted while it runs".format(out[8:])
     if server.get("unit"):
         return ("journal", server["unit"]), None
-    container = server.get("container")
-    if container and container.get("runtime") == "docker":
-        return ("docker", container["id"][:12]), None
+    if container and out != "null":  # a pipe to the runtime's shim, or a tty it records too
+        return _container_spec(server["pid"], container)
     if not out:
         return None, ("cannot see where PID {} writes (its /proc/PID/fd is not readable: run as its user or "
                       "root)").format(server["pid"])
-    return None, "PID {} writes to a {} and runs outside systemd and docker: pass --log".format(server["pid"], out)
+    return None, "PID {} writes to a {} and runs outside systemd and containers: pass --log".format(server["pid"], out)
 
 
 def _lines_of(startup: Startup) -> List[List[Any]]:
@@ -155,10 +193,11 @@ def _segment(engine: str, lines: List[Tuple[int, int, str]]) -> List[Startup]:
     return []
 
 
-def _docker(name: str, engine: str) -> Tuple[List[Startup], List[str]]:
-    proc, err = _run(["docker", "logs", "--tail", str(MAX_STREAM_LINES), name])
+def _container_logs(tool: str, name: str, engine: str) -> Tuple[List[Startup], List[str]]:
+    """``docker logs`` or ``podman logs`` (the same command line and output)."""
+    proc, err = _run([tool, "logs", "--tail", str(MAX_STREAM_LINES), name])
     if proc is None:
-        raise LogReadError("unreadable", "docker:{}: {}".format(name, err))
+        raise LogReadError("unreadable", "{}:{}: {}".format(tool, name, err))
     assert proc.stdout is not None
     lines = []
     keywords = keywords_for(engine)
@@ -167,14 +206,87 @@ def _docker(name: str, engine: str) -> Tuple[List[Startup], List[str]]:
             lines.append((number, 0, raw.decode("utf-8", "replace").rstrip("\n")))
     proc.wait()
     if proc.returncode and not lines:
-        raise LogReadError("unreadable", "docker:{}: docker logs failed (exit {})".format(name, proc.returncode))
-    return _segment(engine, lines), ["docker logs: line numbers count from the first of the last {:,} "
-                                  "lines".format(MAX_STREAM_LINES)]
+        raise LogReadError("unreadable", "{}:{}: {} logs failed (exit {})".format(tool, name, tool, proc.returncode))
+    return _segment(engine, lines), ["{} logs: line numbers count from the first of the last {:,} "
+                                  "lines".format(tool, MAX_STREAM_LINES)]
+
+
+def _pod_container(kind: str, name: str, root: str) -> pods.PodContainer:
+    if kind == K8S:
+        parts = name.split("/")
+        try:
+            return pods.find(root, parts[0], parts[1], parts[2] if len(parts) > 2 else None)
+        except pods.PodLogError as exc:
+            raise LogReadError("missing", "k8s:{}: {}".format(name, exc)) from None
+    found = pods.parse_log_dir(name)
+    if found is None:
+        raise LogReadError("missing", "{}: not a kubelet container log folder".format(name))
+    return found
+
+
+def _no_startup(pod: pods.PodContainer, files: pods.LogFiles, first: LogReadError) -> LogReadError:
+    """No startup in the current container's files: after a restart, the last one may be the previous
+    container's (``kubectl logs --previous``), which is not the process running now."""
+    hint = "" if files.previous is None else "; the previous container's log is {} (not the running process)".format(
+        files.previous)
+    return LogReadError(first.code, "{}: {} (read {}){}".format(pod.label, first.message, ", ".join(files.files), hint))
+
+
+def _read_pod(pod: pods.PodContainer, root: str, startup: int, engine: str) -> Tuple[Any, List[str]]:
+    """The current container's CRI log file, then its rotations newest first, until one holds the startup
+    asked for (a long-running engine's startup may be rotated out of N.log)."""
+    files = pods.log_files(root, pod.log_dir or "")
+    if not files.files:
+        raise LogReadError("missing", "{}: no log file in {}".format(pod.label, pod.log_dir))
+    first: Optional[LogReadError] = None
+    for path in files.files:
+        try:
+            excerpt = read_log(os.path.join(root, path.lstrip("/")), startup, engine=engine)
+        except LogReadError as exc:
+            if exc.code not in ("no_startup", "empty"):
+                raise
+            first = first or exc
+            continue
+        note = "{}: read {} (container restart {}{})".format(
+            pod.label, path, files.restart, "" if path == files.files[0] else "; rotated out of the current file")
+        return excerpt, [note] + list(excerpt.notes)
+    assert first is not None
+    raise _no_startup(pod, files, first)
+
+
+def _from_stream(kind: str, name: str, startup: int, engine: str, source: str) -> Tuple[Startup, List[str]]:
+    """The chosen startup of a journal or a container runtime's ``logs`` (read whole, then segmented)."""
+    startups, notes = _journal(name, engine) if kind == "journal" else _container_logs(kind, name, engine)
+    if not startups:
+        raise LogReadError("no_startup", "{}: no {} startup lines found".format(source, _display(engine)))
+    if abs(startup) > len(startups):
+        raise LogReadError("usage", "{}: --startup {} does not exist; {} startup(s) read".format(
+            source, startup, len(startups)))
+    return (startups[startup] if startup < 0 else startups[startup - 1]), notes
+
+
+def _read(section: Dict[str, Any], kind: str, name: str, startup: int, engine: str, root: str) -> Tuple[
+        Startup, List[str]]:
+    """The chosen startup and the reader's notes; fills the section's source and position."""
+    if kind in (K8S, CRI_DIR):
+        pod = _pod_container(kind, name, root)
+        section["source"] = pod.label
+        excerpt, notes = _read_pod(pod, root, startup, engine)
+    elif kind == "file":
+        excerpt = read_log(name, startup, engine=engine)
+        notes = list(excerpt.notes)
+    else:
+        chosen, notes = _from_stream(kind, name, startup, engine, section["source"])
+        section.update(index_from_end=-1 if startup == -1 else startup)
+        return chosen, notes
+    section.update(index=excerpt.index, count=excerpt.count, index_from_end=excerpt.index_from_end)
+    return excerpt.startup, notes
 
 
 def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, startup: int = -1,
-            engine: str = "auto") -> Dict[str, Any]:
-    """``engine``: whose log it is (a registered engine's name: the server found; "auto": from the lines)."""
+            engine: str = "auto", root: str = "/") -> Dict[str, Any]:
+    """``engine``: whose log it is (a registered engine's name: the server found; "auto": from the lines).
+    ``root``: where the node's /var/log/pods is (``/``; a fixture tree in tests)."""
     section: Dict[str, Any] = {"status": "ok", "source": None, "lines": [], "index": None, "count": None,
                                "index_from_end": None, "engine": None, "notes": [], "problems": []}
     if spec is None:
@@ -184,20 +296,7 @@ def collect(spec: Optional[Tuple[str, str]], reason: Optional[str] = None, start
     kind, name = spec
     section["source"] = "{}:{}".format(kind, name)
     try:
-        if kind == "file":
-            excerpt = read_log(name, startup, engine=engine)
-            chosen, notes = excerpt.startup, list(excerpt.notes)
-            section.update(index=excerpt.index, count=excerpt.count, index_from_end=excerpt.index_from_end)
-        else:
-            startups, notes = _journal(name, engine) if kind == "journal" else _docker(name, engine)
-            if not startups:
-                raise LogReadError("no_startup", "{}: no {} startup lines found".format(
-                    section["source"], _display(engine)))
-            if abs(startup) > len(startups):
-                raise LogReadError("usage", "{}: --startup {} does not exist; {} startup(s) read".format(
-                    section["source"], startup, len(startups)))
-            chosen = startups[startup] if startup < 0 else startups[startup - 1]
-            section.update(index_from_end=-1 if startup == -1 else startup)
+        chosen, notes = _read(section, kind, name, startup, engine, root)
     except LogReadError as exc:
         section["status"] = "failed"
         section["problems"].append({"code": "engine_log." + exc.code, "message": exc.message})

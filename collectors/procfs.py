@@ -5,7 +5,10 @@ Pure parsers (``parse_*``) take file contents; ``process(root, pid)`` reads them
 what cannot be read (another user's fds under ``hidepid``) is None with a reason.
 
 Each process: ``{"pid", "ppid", "uid", "user", "cmdline": [...], "start_time_s", "cgroup",
-"container": {"runtime", "id"} | None, "unit", "stdout"}`` where ``stdout`` is ``"file:/path"``,
+"container": {"runtime", "id"[, "pod_uid", "qos", "namespace", "pod", "name"]} | None, "unit", "stdout"}``
+(``runtime``: docker, containerd, cri-o, podman, or cri when only the kubelet's cgroup shape says a CRI
+runtime runs it; a kubelet's container also has its pod's UID and QoS class, and the namespace, pod
+and container names when /var/log/pods and /var/log/containers name them), where ``stdout`` is ``"file:/path"``,
 ``"pipe"``, ``"socket"``, ``"tty"``, ``"null"``, or None (not readable).
 """
 
@@ -15,10 +18,31 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-_DOCKER = re.compile(r"(?:docker[-/]|/docker/)([0-9a-f]{64})")
-_CONTAINERD = re.compile(r"(?:cri-containerd-|crio-|containerd-)([0-9a-f]{64})")
-_POD = re.compile(r"pod([0-9a-f_-]{36})")
+from collectors import pods
+
+_HEX64 = r"[0-9a-f]{64}"
+# Each runtime's own cgroup name for a container: "<prefix>-<id>.scope" under the systemd driver,
+# "/docker/<id>", "/crio-<id>" or "/libpod-<id>" under cgroupfs. The id must follow the prefix: conmon's
+# own scope ("crio-conmon-<id>", "libpod-conmon-<id>") is the monitor's, not the container's.
+_RUNTIMES = (
+    (re.compile(r"cri-containerd-(" + _HEX64 + r")"), "containerd"),
+    (re.compile(r"crio-(" + _HEX64 + r")"), "cri-o"),
+    (re.compile(r"libpod-(" + _HEX64 + r")"), "podman"),
+    (re.compile(r"(?:/docker/|docker-)(" + _HEX64 + r")"), "docker"),
+    (re.compile(r"(?:nerdctl|containerd)-(" + _HEX64 + r")"), "containerd"),
+)
+# A kubelet's pod cgroup: cgroupfs "kubepods/burstable/pod<uid>" (guaranteed pods sit directly under
+# kubepods), systemd "kubepods-burstable-pod<uid with _ for ->.slice"; kind and others put a prefix
+# before "kubepods". A static pod's UID is a 32-hex hash, not a UUID.
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
+_POD = re.compile(r"kubepods[-/](?:(burstable|besteffort)[-/])?pod(" + _UID + r")(?:\.slice)?(?=/|$)")
+# Under cgroupfs, containerd names the container's cgroup by its bare id, below the pod's.
+_BARE_ID = re.compile(r"^/(" + _HEX64 + r")(?:/|$)")
 _UNIT = re.compile(r"/([^/]+\.service)(?:/|$)")
+# A CRI runtime that names no runtime in the cgroup (containerd under cgroupfs), until the container's
+# shim says which (``process``).
+UNNAMED_CRI = "cri"
+_SHIM_DEPTH = 16
 
 
 def parse_cmdline(raw: bytes) -> List[str]:
@@ -48,8 +72,43 @@ def parse_uid(status: str) -> Optional[int]:
     return None
 
 
+def _runtime_id(path: str) -> Optional[Tuple[str, str]]:
+    for pattern, runtime in _RUNTIMES:
+        m = pattern.search(path)
+        if m:
+            return runtime, m.group(1)
+    return None
+
+
+def _kubelet_container(path: str, pod: "re.Match[str]") -> Dict[str, str]:
+    """A container below a kubelet's pod cgroup: its runtime and id (from what follows the pod's
+    cgroup), the pod's UID (systemd writes its dashes as _) and QoS class."""
+    uid = pod.group(2).replace("_", "-")
+    rest = path[pod.end():]
+    found = _runtime_id(rest)
+    if found is None:
+        bare = _BARE_ID.match(rest)
+        found = (UNNAMED_CRI, bare.group(1)) if bare else ("kubernetes", uid)  # the pod's own cgroup
+    return {"runtime": found[0], "id": found[1], "pod_uid": uid, "qos": pod.group(1) or "guaranteed"}
+
+
+def parse_container(paths: List[str]) -> Optional[Dict[str, str]]:
+    """The container a process runs in, from its cgroup paths: ``{"runtime", "id"}`` plus, below a
+    kubelet's pod, ``"pod_uid"`` and ``"qos"``. A pod found in any hierarchy wins (a hybrid host may
+    name it only in its v1 lines)."""
+    for path in paths:
+        pod = _POD.search(path)
+        if pod:
+            return _kubelet_container(path, pod)
+    for path in paths:
+        found = _runtime_id(path)
+        if found:
+            return {"runtime": found[0], "id": found[1]}
+    return None
+
+
 def parse_cgroup(text: str) -> Tuple[Optional[str], Optional[Dict[str, str]], Optional[str]]:
-    """(cgroup path, container {"runtime", "id"}, systemd unit) from /proc/PID/cgroup.
+    """(cgroup path, container, systemd unit) from /proc/PID/cgroup.
 
     Every hierarchy line is searched: on hybrid v1/v2 hosts the container id may be only in a
     v1 line (``12:memory:/docker/<id>``) while the v2 line reads ``0::/``.
@@ -62,22 +121,51 @@ def parse_cgroup(text: str) -> Tuple[Optional[str], Optional[Dict[str, str]], Op
     if not paths:
         return None, None, None
     path = next((p for v2, p in paths if v2 and p != "/"), paths[0][1])
-    joined = "\n".join(p for _, p in paths)
-    container = None
-    m = _POD.search(joined)
-    if m:
-        container = {"runtime": "kubernetes", "id": m.group(1).replace("_", "-")}
-    else:
-        for pattern, runtime in ((_DOCKER, "docker"), (_CONTAINERD, "containerd")):
-            m = pattern.search(joined)
-            if m:
-                container = {"runtime": runtime, "id": m.group(1)}
-                break
+    container = parse_container([p for _, p in paths])
     unit = None
     if container is None:
-        m = _UNIT.search(joined)
+        m = _UNIT.search("\n".join(p for _, p in paths))
         unit = m.group(1) if m else None
     return path, container, unit
+
+
+def shim_runtime(argv: List[str]) -> Optional[str]:
+    """The runtime a container shim's command line names: containerd's shim (docker's runs in
+    containerd's "moby" namespace) or conmon (CRI-O's monitor, below a kubelet's pod)."""
+    name = os.path.basename(argv[0]) if argv else ""
+    if name.startswith("containerd-shim"):
+        namespace = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-namespace", "--namespace")), None)
+        return "docker" if namespace == "moby" else "containerd"
+    if name == "conmon":
+        return "cri-o"
+    return None
+
+
+def _runtime_from_shim(root: str, pid: int, container_id: str) -> Optional[str]:
+    """Walk up from a process to the first ancestor outside its container's cgroup: the runtime's
+    shim, which started the container."""
+    for _ in range(_SHIM_DEPTH):
+        stat = _read_bytes(os.path.join(root, "proc", str(pid), "stat"))
+        ppid = parse_stat(stat.decode("utf-8", "replace"))[0] if stat else None
+        if not ppid:
+            return None
+        cgroup = _read_bytes(os.path.join(root, "proc", str(ppid), "cgroup"))
+        if cgroup is None:
+            return None
+        if container_id.encode() not in cgroup:
+            return shim_runtime(cmdline(root, ppid) or [])
+        pid = ppid
+    return None
+
+
+def _container(root: str, pid: int, container: Optional[Dict[str, str]]) -> Optional[Dict[str, Any]]:
+    """The cgroup's container, its runtime named by its shim when the cgroup does not, and its pod's
+    names from the node's log layout (collectors/pods.py)."""
+    if container is None:
+        return None
+    if container["runtime"] == UNNAMED_CRI:
+        container = dict(container, runtime=_runtime_from_shim(root, pid, container["id"]) or UNNAMED_CRI)
+    return pods.describe(root, container)
 
 
 def _read_bytes(path: str) -> Optional[bytes]:
@@ -143,6 +231,7 @@ def process(root: str, pid: int, argv: Optional[List[str]] = None) -> Optional[D
     uid = parse_uid(status)
     cgroup, container, unit = parse_cgroup((_read_bytes(os.path.join(base, "cgroup")) or b"").decode("utf-8",
                                                                                                      "replace"))
+    container = _container(root, pid, container)
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     return {
         "pid": pid,

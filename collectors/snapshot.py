@@ -160,9 +160,9 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
 
         def log_section() -> Dict[str, Any]:
             if log:
-                return engine_logs.collect(engine_logs.parse_spec(log), None, startup, kind or "auto")
+                return engine_logs.collect(engine_logs.parse_spec(log), None, startup, kind or "auto", root)
             spec, reason = engine_logs.spec_for(server)
-            return engine_logs.collect(spec, reason, startup, kind or "auto")
+            return engine_logs.collect(spec, reason, startup, kind or "auto", root)
 
         snap["engine_log"] = _run(engine_logs.NAME, log_section, runs, strict)
     else:
@@ -197,10 +197,10 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
     if http and chosen is not None and server is not None:
         from collectors import engine_http
 
-        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind), runs,
+        snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind, server["pid"], root), runs,
                                    strict)
     else:
-        snap["engine_http"] = {"status": "absent", "url": None, "server_info": None, "metrics": {},
-                               "cache_config": None, "problems": []}
+        snap["engine_http"] = {"status": "absent", "url": None, "network_namespace": None, "server_info": None,
+                               "metrics": {}, "cache_config": None, "problems": []}
     snap["collector_runs"] = runs
     return snap

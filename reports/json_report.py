@@ -75,6 +75,7 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
     d["problems"] = [{"code": p.code, "message": p.message} for p in insp.problems] + (
         [p for p in d.get("problems", []) if p["code"].startswith("log.")] if insp.analysis else [])
     d["host"] = insp.snapshot.hostname
+    d["pod"] = pod_dict(insp)
     d["gpus"] = [gpu_dict(g) for g in insp.gpus]
     hm = insp.host_memory
     d["host_memory"] = {k: hm.get(k) for k in ("total_bytes", "available_bytes", "swap_total_bytes",
@@ -82,9 +83,18 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
     d["findings"] = [finding_dict(f) for f in insp.findings]
     d["recommendations"] = [recommendation_dict(r) for r in insp.recommendations]
     d["verdict"] = verdict_dict(insp.verdict)
-    order = ["target", "status", "host", "problems", "engine", "startup", "gpus", "host_memory", "findings",
+    order = ["target", "status", "host", "pod", "problems", "engine", "startup", "gpus", "host_memory", "findings",
              "recommendations", "verdict"]
     return {k: d.get(k) for k in order}
+
+
+def pod_dict(insp: Inspection) -> Optional[Dict[str, Any]]:
+    """The Kubernetes pod of the engine explained, or None (not in a pod, or the node does not name it)."""
+    engine = insp.snapshot.selected
+    pod = engine.pod if engine is not None else None
+    if pod is None:
+        return None
+    return {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "container": pod.container, "qos": pod.qos}
 
 
 def gpu_dict(g: GpuLedger) -> Dict[str, Any]:

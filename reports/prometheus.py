@@ -2,7 +2,11 @@
 
 Base units (bytes, seconds), the ``kvforensics_`` prefix, no timestamps (the textfile
 collector rejects them), no PID labels (they churn). Labels: ``gpu`` (index), ``uuid``,
-``engine`` (``sglang-<port>``, ``vllm-<port>``), ``rank`` (``TP3``), ``collector``, ``code``, ``severity``.
+``engine`` (``sglang-<port>``, ``vllm-<port>``), ``rank`` (``TP3``), ``collector``, ``code``, ``severity``;
+and on every engine series and finding, when the engine runs in a Kubernetes pod, ``namespace``,
+``pod`` and ``container``: two pods on one node may run the same engine on the same port, and their
+series must not be one series. Node-level series (GPU memory, host memory, collectors) carry none:
+they describe the node whichever pod asks.
 Written with prometheus-client's ``write_to_textfile``: a temp file renamed into place, so a
 scrape never sees half a file.
 """
@@ -10,7 +14,7 @@ scrape never sees half a file.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from agent.model.live import Inspection
 from reports.plugin import VIEWS
@@ -20,6 +24,13 @@ PREFIX = "kvforensics_"
 
 def engine_label(insp: Inspection) -> Optional[str]:
     return insp.engine
+
+
+def pod_labels(insp: Inspection) -> Tuple[Tuple[str, str], ...]:
+    """(name, value) of the pod labels of the engine explained: none outside a pod (or unnamed on the node)."""
+    engine = insp.snapshot.selected
+    pod = engine.pod if engine is not None and insp.engine is not None else None
+    return pod.labels() if pod is not None else ()
 
 
 def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, samples: Optional[int] = None,
@@ -36,12 +47,14 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
 
     _gpus(gauge, insp, low_water or {}, run_min or {})
     _engine(gauge, insp, samples)
-    findings = gauge("findings", "Findings of the last run, by code and severity.", ("code", "severity"))
+    pod = pod_labels(insp)
+    findings = gauge("findings", "Findings of the last run, by code and severity.",
+                     ("code", "severity") + tuple(k for k, _ in pod))
     counts: Dict[tuple, int] = {}
     for f in insp.findings:
         counts[(f.code, f.severity)] = counts.get((f.code, f.severity), 0) + 1
     for (code, severity), n in counts.items():
-        findings.labels(code, severity).set(n)
+        findings.labels(code, severity, *(v for _, v in pod)).set(n)
     _collectors(gauge, insp)
     hm = insp.host_memory
     for key, doc in (("total_bytes", "Host RAM (MemTotal)."),
@@ -58,7 +71,9 @@ def registry(insp: Inspection, low_water: Optional[Dict[int, Any]] = None, sampl
 
 def _gpus(gauge, insp: Inspection, low_water: Dict[int, Any], run_min: Dict[int, int]) -> None:  # type: ignore[no-untyped-def]
     gpu_labels = ("gpu", "uuid")
-    engine_labels = ("gpu", "uuid", "engine", "rank")
+    pod = pod_labels(insp)
+    engine_labels = ("gpu", "uuid", "engine", "rank") + tuple(k for k, _ in pod)
+    pod_values = tuple(v for _, v in pod)
     total = gauge("gpu_memory_total_bytes", "GPU memory, from nvmlDeviceGetMemoryInfo_v2 total.", gpu_labels)
     reserved = gauge("gpu_memory_reserved_bytes", "Memory the driver reserves (nvmlDeviceGetMemoryInfo_v2).",
                      gpu_labels)
@@ -84,25 +99,28 @@ def _gpus(gauge, insp: Inspection, low_water: Dict[int, Any], run_min: Dict[int,
         if engine is None or not rank:
             continue
         if lw is not None and lw.min_free_bytes is not None:
-            low.labels(str(g.index), uuid, engine, rank).set(lw.min_free_bytes)
+            low.labels(str(g.index), uuid, engine, rank, *pod_values).set(lw.min_free_bytes)
         if run_min.get(g.index) is not None:
-            run_low.labels(str(g.index), uuid, engine, rank).set(run_min[g.index])
+            run_low.labels(str(g.index), uuid, engine, rank, *pod_values).set(run_min[g.index])
 
 
 def _engine(gauge, insp: Inspection, samples: Optional[int]) -> None:  # type: ignore[no-untyped-def]
     engine = engine_label(insp)
     if engine is None:
         return
+    pod = pod_labels(insp)
+    names = ("engine",) + tuple(k for k, _ in pod)
+    values = (engine,) + tuple(v for _, v in pod)
     a = insp.analysis
     if a is not None:
         kv_bytes = gauge("engine_kv_pool_bytes", "KV pool size per rank, from the engine's startup log.",
-                         ("engine", "rank"))
+                         names + ("rank",))
         view = VIEWS.find(insp.engine_kind)
         for rank, kv in view.kv_pool_by_rank(insp) if view is not None else ():
-            kv_bytes.labels(engine, rank).set(kv)
+            kv_bytes.labels(*values, rank).set(kv)
         if a.summary.max_total_num_tokens is not None:
-            gauge("engine_kv_pool_tokens", "KV pool capacity in tokens (max_total_num_tokens).", ("engine",)).labels(
-                engine).set(a.summary.max_total_num_tokens)
+            gauge("engine_kv_pool_tokens", "KV pool capacity in tokens (max_total_num_tokens).", names).labels(
+                *values).set(a.summary.max_total_num_tokens)
     from agent.model.context import Context
     from agent.model.node_rules import unused_bytes
 
@@ -113,9 +131,9 @@ def _engine(gauge, insp: Inspection, samples: Optional[int]) -> None:  # type: i
         gauge("engine_unused_bytes", "Free memory on the engine's least-free GPU beyond the margin, at the run's "
               "low-water mark when recorded (what a larger KV budget, --mem-fraction-static or "
               "--gpu-memory-utilization, could give the KV pool).",
-              ("engine",)).labels(engine).set(unused)
+              names).labels(*values).set(unused)
     if samples is not None:
-        gauge("engine_run_samples", "Samples recorded in the current engine run.", ("engine",)).labels(engine).set(
+        gauge("engine_run_samples", "Samples recorded in the current engine run.", names).labels(*values).set(
             samples)
 
 

@@ -12,7 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_DIR = ROOT / "tests" / "fake_nvml"
@@ -105,8 +105,7 @@ class FakeNode:
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--tp", str(self.tp),
                 "--mem-fraction-static", "0.88", "--speculative-algorithm", "EAGLE3", "--trust-remote-code",
                 "--api-key", "sk-do-not-print", "--port", "1"] + self.extra_flags
-        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(self.dir),
-                                  env=dict(os.environ, PYTHONPATH=str(self.dir / "pkgs")), start_new_session=True)
+        server = self.spawn(argv, out, dict(os.environ, PYTHONPATH=str(self.dir / "pkgs")))
         out.close()
         self.procs.append(server)
         self.server_pid = server.pid
@@ -119,6 +118,13 @@ class FakeNode:
             raise RuntimeError("fake schedulers did not start")
         self.start_foreign()
         self.write_scenario()
+
+    def spawn(self, argv: List[str], out: Any, env: Dict[str, str],
+              pass_fds: Tuple[int, ...] = ()) -> subprocess.Popen:
+        """Start the server, its stdout on ``out``, in a session of its own (``stop`` kills the group).
+        tests/kubelet.py starts it in a pod instead."""
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(self.dir), env=env,
+                                start_new_session=True, pass_fds=pass_fds)
 
     def start_foreign(self) -> None:
         """A process that is not the engine's (a training job) on each GPU of ``foreign``."""
@@ -294,9 +300,8 @@ class FakeVllmNode(FakeNode):
                 "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", str(self.tp),
                 "--gpu-memory-utilization", str(self.utilization), "--api-key", "sk-do-not-print", "--port",
                 str(self.port)]
-        server = subprocess.Popen(argv + self.extra_flags, stdout=out, stderr=subprocess.STDOUT, cwd=str(self.dir),
-                                  env=env, start_new_session=True,
-                                  pass_fds=(listener.fileno(),) if listener is not None else ())
+        server = self.spawn(argv + self.extra_flags, out, env,
+                            pass_fds=(listener.fileno(),) if listener is not None else ())
         out.close()
         if listener is not None:
             listener.close()  # the server holds its copy

@@ -73,7 +73,8 @@ def test_redaction():
     ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", {"runtime": "docker", "id": "a" * 64}, None),
     ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12345678_1234_1234_1234_123456789abc.slice"
      "/cri-containerd-" + "b" * 64 + ".scope\n",
-     {"runtime": "kubernetes", "id": "12345678-1234-1234-1234-123456789abc"}, None),
+     {"runtime": "containerd", "id": "b" * 64, "pod_uid": "12345678-1234-1234-1234-123456789abc", "qos": "burstable"},
+     None),
     ("0::/system.slice/sglang-kimi.service\n", None, "sglang-kimi.service"),
     ("12:memory:/docker/" + "c" * 64 + "\n0::/\n", {"runtime": "docker", "id": "c" * 64}, None),
     ("0::/user.slice/user-0.slice/session-3.scope\n", None, None),

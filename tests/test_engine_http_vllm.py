@@ -170,7 +170,7 @@ def test_collect_reads_a_live_vllm_metrics_page():
     assert s["metrics"] == {"vllm:num_requests_running": 21.0, "vllm:num_requests_waiting": 4.0,
                             "vllm:kv_cache_usage_perc": 0.625, "vllm:num_preemptions_total": 3.0}
     assert s["cache_config"]["num_gpu_blocks"] == 58352
-    assert set(s) == {"status", "url", "server_info", "metrics", "cache_config", "problems"}
+    assert set(s) == {"status", "url", "network_namespace", "server_info", "metrics", "cache_config", "problems"}
     # what the probe ships is strict JSON: no NaN or Infinity slipped through
     json.loads(json.dumps(s, allow_nan=False))
     assert all(math.isfinite(v) for v in s["metrics"].values())

@@ -64,8 +64,8 @@ NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib",
 Http = Annotated[bool, typer.Option("--http/--no-http",
                                     help="Ask the engine's loopback HTTP API for live metrics (KV usage, load).")]
 Log = Annotated[Optional[str], typer.Option("--log",
-                                            help="The engine's log: PATH, journal:UNIT or docker:NAME (default: found "
-                                                 "from the process).")]
+                                            help="The engine's log: PATH, journal:UNIT, docker:NAME, podman:NAME or "
+                                                 "k8s:NAMESPACE/POD[/CONTAINER] (default: found from the process).")]
 
 
 def _engine_port(value: Optional[int]) -> Optional[int]:
@@ -136,7 +136,8 @@ def analysis_options(margin: str, request_tokens: int) -> "Options":
 
 
 def check_log_spec(log: Optional[str]) -> None:
-    """--log: PATH, journal:UNIT or docker:NAME, checked here before anything is collected."""
+    """--log: PATH, journal:UNIT, docker:NAME, podman:NAME or k8s:NAMESPACE/POD[/CONTAINER], checked here
+    before anything is collected."""
     from collectors.engine_logs import LogSpecError, parse_spec
 
     if log is not None:

@@ -95,6 +95,22 @@ class Nvml:
 
 
 @dataclass(frozen=True)
+class Pod:
+    """The Kubernetes pod and container a process runs in, as the node's kubelet layout names them."""
+
+    namespace: str
+    name: str
+    uid: str
+    container: Optional[str]  # the container's name in the pod; None when the layout does not say which
+    qos: Optional[str] = None  # "guaranteed" | "burstable" | "besteffort", from the cgroup
+
+    def labels(self) -> Tuple[Tuple[str, str], ...]:
+        """(label, value) pairs for metrics: namespace, pod and, when known, container."""
+        return (("namespace", self.namespace), ("pod", self.name)) + (
+            (("container", self.container),) if self.container else ())
+
+
+@dataclass(frozen=True)
 class Process:
     pid: int
     missing: bool  # NVML charges a PID the host's /proc does not have
@@ -103,6 +119,7 @@ class Process:
     container: Optional[str] = None  # "runtime:id12"
     start_time_s: Optional[float] = None
     other_namespace: bool = False  # not in this /proc because kvforensics runs in another PID namespace
+    pod: Optional[Pod] = None  # a kubelet's container whose pod the node's log layout names
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,12 @@ class Engine:
     def label(self) -> str:
         """How reports and metrics name it: ``<engine>-<port>``."""
         return "{}-{}".format(self.kind, self.port)
+
+    @property
+    def pod(self) -> Optional[Pod]:
+        """The pod it runs in: its server's, else its first worker's that names one (they share a pod)."""
+        procs = ([self.server] if self.server else []) + [p for p, _ in self.workers] + list(self.helpers)
+        return next((p.pod for p in procs if p.pod is not None), None)
 
     @property
     def pids(self) -> Tuple[int, ...]:
@@ -145,6 +168,7 @@ class EngineHttp:
     url: Optional[str]
     metrics: Mapping[str, float]
     cache_config: Optional[Mapping[str, Any]] = None  # vLLM's cache_config_info labels
+    network_namespace: Optional[str] = None  # the server's "net:[inode]" when asked inside it (a pod's)
 
 
 @dataclass(frozen=True)
@@ -193,12 +217,20 @@ def _problems(section: Mapping[str, Any]) -> Tuple[Problem, ...]:
     return tuple(Problem(p["code"], p["message"]) for p in section.get("problems") or ())
 
 
+def _pod(container: Optional[Mapping[str, Any]]) -> Optional[Pod]:
+    if not container or not (container.get("pod_uid") and container.get("namespace") and container.get("pod")):
+        return None  # not a kubelet's, or its names are not on the node (a bundle from before they were read)
+    return Pod(namespace=container["namespace"], name=container["pod"], uid=container["pod_uid"],
+               container=container.get("name"), qos=container.get("qos"))
+
+
 def _process(d: Mapping[str, Any]) -> Process:
     container = d.get("container")
     return Process(pid=d["pid"], missing=bool(d.get("missing")), cmdline=tuple(d.get("cmdline") or ()),
                    user=d.get("user"),
                    container="{}:{}".format(container["runtime"], container["id"][:12]) if container else None,
-                   start_time_s=d.get("start_time_s"), other_namespace=bool(d.get("in_other_namespace")))
+                   start_time_s=d.get("start_time_s"), other_namespace=bool(d.get("in_other_namespace")),
+                   pod=_pod(container))
 
 
 def _gpu(d: Mapping[str, Any]) -> Gpu:
@@ -241,7 +273,8 @@ def _engine_log(log: Mapping[str, Any]) -> EngineLog:
 def _engine_http(http: Mapping[str, Any]) -> EngineHttp:
     cache_config = http.get("cache_config")
     return EngineHttp(url=http.get("url"), metrics=dict(http.get("metrics") or {}),
-                      cache_config=dict(cache_config) if isinstance(cache_config, dict) else None)
+                      cache_config=dict(cache_config) if isinstance(cache_config, dict) else None,
+                      network_namespace=http.get("network_namespace"))
 
 
 def _gpu_processes(document: Mapping[str, Any]) -> Dict[int, Process]:
