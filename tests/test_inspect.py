@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -262,9 +264,22 @@ def test_help_mentions_inspect():
 
 
 def test_two_engines_on_one_node(tmp_path, fake_lib, monkeypatch):
-    """Two servers, TP4 each (ports 30001 on GPUs 0-3, 30002 on GPUs 4-7): neither is 'foreign'."""
-    a = FakeNode(tmp_path / "a", tp=4, extra_flags=["--port", "30001"])
-    b = FakeNode(tmp_path / "b", tp=4, extra_flags=["--port", "30002"])
+    """Two servers, TP4 each (port A on GPUs 0-3, port B on GPUs 4-7): neither is 'foreign'. The ports are
+    ones this test holds bound, so another copy of the suite running its own fake servers never uses them."""
+    with contextlib.ExitStack() as held:
+        port_a, port_b, unused = (_held_port(held) for _ in range(3))
+        _two_engines(tmp_path, monkeypatch, port_a, port_b, unused)
+
+
+def _held_port(stack: contextlib.ExitStack) -> int:
+    sock = stack.enter_context(socket.socket())
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def _two_engines(tmp_path, monkeypatch, port_a: int, port_b: int, unused: int) -> None:
+    a = FakeNode(tmp_path / "a", tp=4, extra_flags=["--port", str(port_a)])
+    b = FakeNode(tmp_path / "b", tp=4, extra_flags=["--port", str(port_b)])
     a.start()
     try:
         b.start()
@@ -280,22 +295,24 @@ def test_two_engines_on_one_node(tmp_path, fake_lib, monkeypatch):
             scenario.write_text("\n".join(lines) + "\n")
             monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario))
             code, default, _ = _inspect()
-            code, second, _ = _inspect("--engine", "30002")
-            code, missing, _ = _inspect("--engine", "39999")
+            code, second, _ = _inspect("--engine", str(port_b))
+            code, missing, _ = _inspect("--engine", str(unused))
         finally:
             b.stop()
     finally:
         a.stop()
     codes = _codes(default)
     assert "foreign_gpu_process" not in codes
-    assert "port 30002" in codes["other_engines"]["detail"] and "GPU 4,5,6,7" in codes["other_engines"]["detail"]
+    assert "port {} (".format(port_b) in codes["other_engines"]["detail"]
+    assert "GPU 4,5,6,7" in codes["other_engines"]["detail"]
     assert [g["rank"] for g in default["gpus"]] == ["TP0", "TP1", "TP2", "TP3", None, None, None, None]
     assert {p["owner"] for g in default["gpus"][4:] for p in g["processes"]} == {"other_engine"}
     assert default["gpus"][5]["ledger"][0] == {"item": "other inference servers", "bytes": 70 * GIB,
                                                "source": "NVML process list: another server's schedulers"}
     assert [g["rank"] for g in second["gpus"]] == [None, None, None, None, "TP0", "TP1", "TP2", "TP3"]
-    assert "port 30001" in _codes(second)["other_engines"]["detail"]
-    assert any(p["code"] == "engines.port_not_found" and "30001, 30002" in p["message"] for p in missing["problems"])
+    assert "port {} (".format(port_a) in _codes(second)["other_engines"]["detail"]
+    ports_seen = next(p["message"] for p in missing["problems"] if p["code"] == "engines.port_not_found")
+    assert str(port_a) in ports_seen and str(port_b) in ports_seen  # (another copy's servers may be listed too)
     assert all(g["rank"] is None for g in missing["gpus"])
 
 
