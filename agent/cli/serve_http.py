@@ -73,8 +73,9 @@ class Server(ThreadingHTTPServer):
 
 
 def parse_listen(text: str) -> Tuple[str, int]:
-    """``ADDR:PORT``, ``[IPv6]:PORT`` or a bare ``PORT`` (loopback). ``:PORT`` is refused: some tools
-    read it as every interface, others as loopback; every interface must be written out (0.0.0.0, [::])."""
+    """``ADDR:PORT``, ``[IPv6]:PORT`` or a bare ``PORT`` (loopback); port 0 is any free port (the startup
+    line names it). ``:PORT`` is refused: some tools read it as every interface, others as loopback;
+    every interface must be written out (0.0.0.0, [::])."""
     text = text.strip()
     if text.isdigit():
         host, port = "127.0.0.1", text
@@ -88,8 +89,8 @@ def parse_listen(text: str) -> Tuple[str, int]:
                               "for every interface".format(text, text, text, text))
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
-    if not 1 <= int(port) <= 65535:
-        raise ListenError("--listen: the port must be 1–65535, not {}".format(port))
+    if not 0 <= int(port) <= 65535:
+        raise ListenError("--listen: the port must be 0–65535, not {}".format(port))
     return host, int(port)
 
 

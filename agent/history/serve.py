@@ -90,7 +90,8 @@ class Sampler:
         try:
             look = self._take()
         except Skip as exc:
-            self._note("skipped a sample, serving the last one: {}".format(exc))
+            self._note("skipped a sample{}: {}".format(", serving the last one" if self._payload is not None else "",
+                                                        exc))
         except Exception as exc:  # noqa: BLE001 - a failed look must not take the server down
             self._note("sample failed: {}".format(str(exc) or type(exc).__name__))
         else:
