@@ -1,0 +1,284 @@
+"""The shipped Kubernetes deployment (deploy/kubernetes/): every object valid offline against the
+Kubernetes OpenAPI schemas that the kubernetes-validate package bundles (strict: an unknown field is an
+error), the ServiceMonitor against the closed subset schema in tests/fixtures/kubernetes/ (the operator's
+CRD is not vendored), the objects consistent with each other and with the README's privileges, the
+DaemonSet's own command run against the fake node, and the image built where a container builder and
+its base image are at hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from tests.conftest import FIXTURES, ROOT, run_cli
+from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
+
+yaml = pytest.importorskip("yaml")
+K8S = ROOT / "deploy" / "kubernetes"
+# The oldest Kubernetes minor still supported upstream when this was written, and the newest schema bundled.
+KUBERNETES_VERSIONS = ("1.31", None)
+
+
+def _version() -> str:
+    for line in (ROOT / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version = "):
+            return line.split('"')[1]
+    raise AssertionError("no version in pyproject.toml")
+
+
+def _objects() -> Dict[str, Dict[str, Any]]:
+    """kind -> object, of every file the kustomization lists."""
+    out = {}
+    for name in _kustomization()["resources"]:
+        for doc in yaml.safe_load_all((K8S / name).read_text()):
+            assert doc["kind"] not in out, doc["kind"]
+            out[doc["kind"]] = doc
+    return out
+
+
+def _kustomization() -> Dict[str, Any]:
+    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
+
+
+def _pod() -> Dict[str, Any]:
+    return _objects()["DaemonSet"]["spec"]["template"]["spec"]
+
+
+def _container() -> Dict[str, Any]:
+    (container,) = _pod()["containers"]
+    return container
+
+
+def test_the_kustomization_applies_every_manifest():
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(_kustomization()["resources"]) == files
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS, ids=lambda v: v or "latest")
+def test_every_builtin_object_is_valid_for_kubernetes(version):
+    import kubernetes_validate
+
+    target = version or kubernetes_validate.latest_version()
+    checked = []
+    for kind, obj in _objects().items():
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: the next test
+        kubernetes_validate.validate(obj, target, strict=True)
+        checked.append(kind)
+    assert sorted(checked) == ["DaemonSet", "Namespace", "Service", "ServiceAccount"]
+
+
+def test_a_field_kubernetes_does_not_know_is_caught():
+    """The validation is strict, so a misspelt field (silently dropped by the API server) fails here."""
+    import kubernetes_validate
+
+    ds = _objects()["DaemonSet"]
+    ds["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_servicemonitor_is_valid_against_its_schema():
+    import jsonschema
+
+    schema = json.loads((FIXTURES / "kubernetes" / "servicemonitor.schema.json").read_text())
+    sm = _objects()["ServiceMonitor"]
+    jsonschema.Draft202012Validator(schema).validate(sm)
+    bad = json.loads(json.dumps(sm))
+    bad["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate(bad)
+    (endpoint,) = sm["spec"]["endpoints"]
+    # Prometheus refuses a scrape timeout longer than the interval
+    assert _seconds(endpoint["scrapeTimeout"]) <= _seconds(endpoint["interval"])
+
+
+def _seconds(duration: str) -> float:
+    from agent.history.store import parse_duration
+
+    return parse_duration(duration)
+
+
+def test_the_objects_point_at_each_other():
+    objs = _objects()
+    ns = objs["Namespace"]["metadata"]["name"]
+    for kind, obj in objs.items():
+        if kind != "Namespace":
+            assert obj["metadata"]["namespace"] == ns, kind
+    ds, svc, sm = objs["DaemonSet"], objs["Service"], objs["ServiceMonitor"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [ns]
+    assert _pod()["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
+    (port,) = _container()["ports"]
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["targetPort"] == port["name"] == sm["spec"]["endpoints"][0]["port"] == svc_port["name"]
+    assert svc["spec"]["clusterIP"] == "None"  # each node's pod is its own target
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert _container()[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def _serve_params(args: List[str]) -> Dict[str, Any]:
+    """The DaemonSet's arguments as the real CLI parses them (an unknown option fails here)."""
+    import typer
+
+    from agent.cli import app
+
+    assert args[0] == "serve"
+    command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    return command.make_context("serve", list(args[1:])).params
+
+
+def test_the_daemonset_runs_serve_as_documented():
+    c = _container()
+    params = _serve_params(c["args"])
+    (port,) = c["ports"]
+    assert params["listen"] == "0.0.0.0:{}".format(port["containerPort"])
+    assert params["min_interval"] == "15s" and params["keep"] == "30d"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in _pod()["volumes"]}
+    # the history lives on the node, at the path --db names
+    assert os.path.dirname(params["db"]) == mounts["history"]["mountPath"] == volumes["history"]["hostPath"]["path"]
+    assert c["image"] == "kvforensics:{}".format(_version())
+
+
+def test_the_privileges_are_the_documented_ones():
+    pod, c = _pod(), _container()
+    assert pod["hostPID"] is True
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert pod["automountServiceAccountToken"] is False
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])  # no GPU taken from the engines
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    for path in ("/var/log/pods", "/var/log/containers"):
+        assert mounts[path]["readOnly"] is True
+        assert host_paths[mounts[path]["name"]] == path  # same path: the symlinks resolve inside the pod
+    writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/var/lib/kvforensics", "/tmp"}
+    assert "limits" not in c["resources"] or "memory" not in c["resources"]["limits"]
+
+
+def test_the_containerfile_builds_this_version_from_the_sdist():
+    text = (K8S / "Containerfile").read_text()
+    assert text.count("ARG VERSION={}\n".format(_version())) == 2
+    assert "pip wheel" in text and "--no-index" in text  # the image installs what the build stage made
+    (port,) = _container()["ports"]
+    assert 'CMD ["serve", "--listen", "0.0.0.0:{}"]'.format(port["containerPort"]) in text
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (kustomize is inside it)")
+def test_kubectl_kustomize_renders_the_deployment():
+    done = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(done.stdout)]
+    assert sorted(kinds) == ["DaemonSet", "Namespace", "Service", "ServiceAccount", "ServiceMonitor"]
+
+
+def test_deploy_files_writes_the_kubernetes_files_with_the_image(tmp_path):
+    code, out, err = run_cli(["deploy-files", str(tmp_path), "--image", "registry.example/kvforensics:{}".format(
+        _version())])
+    assert code == 0, err
+    written = tmp_path / "kubernetes"
+    assert {p.name for p in written.iterdir()} == {p.name for p in K8S.iterdir()}
+    ds = yaml.safe_load((written / "daemonset.yaml").read_text())
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/kvforensics:{}".format(
+        _version())
+    assert (written / "service.yaml").read_text() == (K8S / "service.yaml").read_text()
+
+
+def test_the_daemonsets_command_serves_the_fake_node(tmp_path):
+    """The container's main process as the DaemonSet starts it, but for the address (here: a free
+    loopback port, named on stderr) and the history (a temporary file); probed as the kubelet probes."""
+    build_fake_nvml()
+    args = list(_container()["args"])
+    args[args.index("--listen") + 1] = "127.0.0.1:0"
+    args[args.index("--db") + 1] = str(tmp_path / "history.db")
+    with FakeNode(tmp_path / "node") as node:
+        proc = subprocess.Popen([sys.executable, "-m", "agent"] + args + ["--nvml-lib", str(FAKE_LIB), "--no-http"],
+                                env=dict(node.env(), PYTHONPATH=str(ROOT)), cwd=str(ROOT), stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            url = proc.stderr.readline().split("listening on ", 1)[1].split(" ", 1)[0]
+            probe = _container()["readinessProbe"]["httpGet"]["path"]
+            with urllib.request.urlopen(url + probe, timeout=60) as r:
+                assert r.status == 200
+            with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+                assert b'kvforensics_gpu_up{gpu="7"' in r.read()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+
+
+# --- the image ---------------------------------------------------------------------------------
+
+def _builder() -> List[str]:
+    """podman, or a docker whose daemon answers; [] when neither is (buildah builds the same file, but
+    cannot run the image afterwards)."""
+    if shutil.which("podman"):
+        return ["podman"]
+    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        return ["docker"]
+    return []
+
+
+def _image_inputs() -> Dict[str, str]:
+    """The build needs a Python base image already on this machine and a folder of the dependencies'
+    wheels (setuptools included): the tests never reach a registry. KVFORENSICS_TEST_PYTHON_IMAGE and
+    KVFORENSICS_TEST_WHEELHOUSE name them."""
+    return {k: os.environ.get(k, "") for k in ("KVFORENSICS_TEST_PYTHON_IMAGE", "KVFORENSICS_TEST_WHEELHOUSE")}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _builder(), reason="no container builder here (podman, or docker with a daemon)")
+@pytest.mark.skipif(not all(_image_inputs().values()),
+                    reason="set KVFORENSICS_TEST_PYTHON_IMAGE (a local Python base image) and "
+                           "KVFORENSICS_TEST_WHEELHOUSE (the dependencies' wheels): the build must not reach a "
+                           "registry from a test")
+def test_the_image_builds_from_the_sdist_and_runs_without_network(tmp_path):
+    inputs = _image_inputs()
+    context = tmp_path / "context"
+    shutil.copytree(inputs["KVFORENSICS_TEST_WHEELHOUSE"], str(context))
+    code = "from setuptools import build_meta; print(build_meta.build_sdist({!r}))".format(str(context))
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    tag = "localhost/kvforensics-test:{}".format(os.getpid())
+    build = _builder() + ["-f", str(K8S / "Containerfile"), "--build-arg", "VERSION={}".format(_version()),
+                          "--build-arg", "PYTHON_IMAGE={}".format(inputs["KVFORENSICS_TEST_PYTHON_IMAGE"]),
+                          "--build-arg", "PIP_OPTIONS=--no-index --find-links /src", "--network", "none",
+                          "-t", tag, str(context)]
+    done = subprocess.run(build, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runner = _builder()[0]
+    try:
+        for argv, expected in ((["--version"], "kvforensics {}".format(_version())),
+                               (["deploy-files", "--print"], "# ==> kubernetes/daemonset.yaml <==")):
+            run = subprocess.run([runner, "run", "--rm", "--network", "none", "--read-only", tag] + argv,
+                                 capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0 and expected in run.stdout, run.stderr
+    finally:
+        subprocess.run([runner, "rmi", "-f", tag], capture_output=True)
+
+
+def test_deploy_files_lists_every_kubernetes_file():
+    """What `deploy-files` writes (and looks for in an installation) is the whole folder."""
+    from agent.cli.deploy_files import KUBERNETES_FILES
+
+    assert {Path(n).name for n in KUBERNETES_FILES} == {p.name for p in K8S.iterdir()}
