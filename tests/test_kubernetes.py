@@ -1,9 +1,8 @@
 """The shipped Kubernetes deployment (deploy/kubernetes/): every object valid offline against the
 Kubernetes OpenAPI schemas that the kubernetes-validate package bundles (strict: an unknown field is an
 error), the ServiceMonitor against the closed subset schema in tests/fixtures/kubernetes/ (the operator's
-CRD is not vendored), the objects consistent with each other and with the README's privileges, the
-DaemonSet's own command run against the fake node, and the image built where a container builder and
-its base image are at hand."""
+CRD is not vendored), the objects consistent with each other and with the README's privileges, and the
+DaemonSet's own command run against the fake node. The image: tests/test_image.py."""
 
 from __future__ import annotations
 
@@ -225,56 +224,6 @@ def test_the_daemonsets_command_serves_the_fake_node(tmp_path):
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
-
-
-# --- the image ---------------------------------------------------------------------------------
-
-def _builder() -> List[str]:
-    """podman, or a docker whose daemon answers; [] when neither is (buildah builds the same file, but
-    cannot run the image afterwards)."""
-    if shutil.which("podman"):
-        return ["podman"]
-    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
-        return ["docker"]
-    return []
-
-
-def _image_inputs() -> Dict[str, str]:
-    """The build needs a Python base image already on this machine and a folder of the dependencies'
-    wheels (setuptools included): the tests never reach a registry. KVFORENSICS_TEST_PYTHON_IMAGE and
-    KVFORENSICS_TEST_WHEELHOUSE name them."""
-    return {k: os.environ.get(k, "") for k in ("KVFORENSICS_TEST_PYTHON_IMAGE", "KVFORENSICS_TEST_WHEELHOUSE")}
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _builder(), reason="no container builder here (podman, or docker with a daemon)")
-@pytest.mark.skipif(not all(_image_inputs().values()),
-                    reason="set KVFORENSICS_TEST_PYTHON_IMAGE (a local Python base image) and "
-                           "KVFORENSICS_TEST_WHEELHOUSE (the dependencies' wheels): the build must not reach a "
-                           "registry from a test")
-def test_the_image_builds_from_the_sdist_and_runs_without_network(tmp_path):
-    inputs = _image_inputs()
-    context = tmp_path / "context"
-    shutil.copytree(inputs["KVFORENSICS_TEST_WHEELHOUSE"], str(context))
-    code = "from setuptools import build_meta; print(build_meta.build_sdist({!r}))".format(str(context))
-    done = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    tag = "localhost/kvforensics-test:{}".format(os.getpid())
-    build = _builder() + ["-f", str(K8S / "Containerfile"), "--build-arg", "VERSION={}".format(_version()),
-                          "--build-arg", "PYTHON_IMAGE={}".format(inputs["KVFORENSICS_TEST_PYTHON_IMAGE"]),
-                          "--build-arg", "PIP_OPTIONS=--no-index --find-links /src", "--network", "none",
-                          "-t", tag, str(context)]
-    done = subprocess.run(build, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    runner = _builder()[0]
-    try:
-        for argv, expected in ((["--version"], "kvforensics {}".format(_version())),
-                               (["deploy-files", "--print"], "# ==> kubernetes/daemonset.yaml <==")):
-            run = subprocess.run([runner, "run", "--rm", "--network", "none", "--read-only", tag] + argv,
-                                 capture_output=True, text=True, timeout=300)
-            assert run.returncode == 0 and expected in run.stdout, run.stderr
-    finally:
-        subprocess.run([runner, "rmi", "-f", tag], capture_output=True)
 
 
 def test_deploy_files_lists_every_kubernetes_file():
