@@ -1,8 +1,8 @@
 """The HTTP side of ``kvforensics serve``: ``/metrics`` through prometheus-client's own handler (content
 negotiation, OpenMetrics, gzip, ``name[]`` filters), ``/healthz``, and where the socket comes from.
 
-Standard library HTTP server, one thread per request: a scrape waits for the sample in progress,
-a /healthz probe does not queue behind it.
+Standard library HTTP server, one thread per request: a slow client holds up no other. A scrape or
+a probe that arrives during a sample waits for that sample and shares it.
 """
 
 from __future__ import annotations
