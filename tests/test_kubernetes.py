@@ -23,7 +23,7 @@ from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
 yaml = pytest.importorskip("yaml")
 K8S = ROOT / "deploy" / "kubernetes"
-# The oldest Kubernetes minor still supported upstream when this was written, and the newest schema bundled.
+# An older Kubernetes minor (what a cluster not upgraded lately runs) and the newest schema the package bundles.
 KUBERNETES_VERSIONS = ("1.31", None)
 
 
