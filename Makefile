@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean fake-nvml gpu-check
+.PHONY: install demo test lint bench clean fake-nvml gpu-check sdist image
 
 $(STAMP): pyproject.toml
 	@echo ">> creating $(VENV) and installing kvforensics (editable) with test tools"
@@ -54,5 +54,16 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_fleet.py
 	$(BIN)/python bench/bench_record.py
 
+# The source distribution (tests, deployment files and all) and the container image built from it
+# (deploy/kubernetes/Containerfile; BUILDER=docker or buildah also work).
+BUILDER ?= podman
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+sdist: $(STAMP)
+	@mkdir -p dist
+	$(BIN)/python -c "from setuptools import build_meta; print('dist/' + build_meta.build_sdist('dist'))"
+
+image: sdist
+	$(BUILDER) build -f deploy/kubernetes/Containerfile --build-arg VERSION=$(VERSION) -t kvforensics:$(VERSION) dist/
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache bench/out
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache bench/out

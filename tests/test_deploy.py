@@ -56,6 +56,9 @@ def test_deploy_files_come_from_the_installed_package(prefix, tmp_path):
     assert str(prefix / "bin" / "kvforensics") + " record" in cron
     assert "--prom-file /var/lib/prometheus/node-exporter/kvforensics.prom" in cron
     assert "/opt/kvforensics" not in (tmp_path / "d" / "kvforensics-record.service").read_text()
+    # the Kubernetes files are data of the installed package too
+    assert "kind: DaemonSet" in (tmp_path / "d" / "kubernetes" / "daemonset.yaml").read_text()
+    assert (tmp_path / "d" / "kubernetes" / "Containerfile").is_file()
 
 
 def test_the_exact_cron_line_writes_the_textfile_on_a_fresh_node(prefix, tmp_path):
@@ -140,6 +143,7 @@ def test_the_sdist_holds_what_the_tests_need(tmp_path):
     for needed in ("tests/conftest.py", "tests/fake_nvml/fake_nvml.c", "tests/fixtures/line_formats.txt",
                    "tests/fixtures/real_sglang/README.md", "tests/conformance/test_sglang_eras.py",
                    "agent/schemas/report.schema.json", "deploy/kvforensics.rules.test.yml", "LICENSE", "Makefile",
-                   "examples/seed-node.json", ".ci/run"):
+                   "examples/seed-node.json", ".ci/run", "deploy/kubernetes/daemonset.yaml",
+                   "deploy/kubernetes/Containerfile"):
         assert needed in names, needed
     assert not any(n.endswith((".so", ".so.1", ".pyc")) for n in names)

@@ -1,128 +1,233 @@
-"""End to end on one machine: an engine in a Kubernetes pod, found and explained from the host.
-
-The engine is tests/fakenode.py's vLLM stand-in (an API server, its engine core and TP workers, a
-startup log with their live PIDs, /metrics), started by a container shim (tests/kubelet.py) in a
-cgroup shaped as the kubelet makes it, with either cgroup driver, in a network namespace of its own
-made with ``unshare --net``, its stdout a pipe whose lines the shim writes as CRI records to
-/var/log/pods. kvforensics runs as its own process in a private mount namespace where the test's
-/var/log-shaped folder is bind-mounted on /var/log; the product has no test hook. On the host's
-loopback, on the same port as the pod's engine, a decoy serves other numbers."""
+"""The shipped Kubernetes deployment (deploy/kubernetes/): every object valid offline against the
+Kubernetes OpenAPI schemas that the kubernetes-validate package bundles (strict: an unknown field is an
+error), the ServiceMonitor against the closed subset schema in tests/fixtures/kubernetes/ (the operator's
+CRD is not vendored), the objects consistent with each other and with the README's privileges, and the
+DaemonSet's own command run against the fake node. The image: tests/test_image.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
 
-from agent.model import evidence
-from agent.model.live import Inspection
-from agent.model.reconcile import inspect_snapshot
-from agent.model.records import Options
-from reports import prometheus
-from tests.conftest import run_cli
-from tests.fakenode import FAKE_LIB, build_fake_nvml
-from tests.kubelet import Node, Pod, PodVllmNode, decoy, merge_scenarios, run_in_node, why_not
+from tests.conftest import FIXTURES, ROOT, run_cli
+from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
-pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
-METRICS = Path(__file__).resolve().parent / "fixtures" / "vllm_metrics" / "v0.11.0_v1_dp2.prom"
-POD_LABELS = {"namespace", "pod", "container"}
+yaml = pytest.importorskip("yaml")
+K8S = ROOT / "deploy" / "kubernetes"
+# An older Kubernetes minor (what a cluster not upgraded lately runs) and the newest schema the package bundles.
+KUBERNETES_VERSIONS = ("1.31", None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fake_lib():
-    return build_fake_nvml()
+def _version() -> str:
+    for line in (ROOT / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version = "):
+            return line.split('"')[1]
+    raise AssertionError("no version in pyproject.toml")
 
 
-def _kvf(node: Node, scenario: Path, *argv: str):
-    run = run_in_node(node, list(argv) + ["--nvml-lib", str(FAKE_LIB)], dict(os.environ, FAKE_NVML_SCENARIO=str(
-        scenario)))
-    assert run.returncode in (0, 1), run.stderr
-    return run
+def _objects() -> Dict[str, Dict[str, Any]]:
+    """kind -> object, of every file the kustomization lists."""
+    out = {}
+    for name in _kustomization()["resources"]:
+        for doc in yaml.safe_load_all((K8S / name).read_text()):
+            assert doc["kind"] not in out, doc["kind"]
+            out[doc["kind"]] = doc
+    return out
 
 
-def _samples(text: str):
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+def _kustomization() -> Dict[str, Any]:
+    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
 
 
-@pytest.mark.parametrize("driver,runtime,qos", [("cgroupfs", "containerd", "burstable"),
-                                                ("systemd", "containerd", "guaranteed"),
-                                                ("systemd", "cri-o", "besteffort")])
-def test_inspect_names_the_pod_and_reads_its_cri_log_and_its_metrics(tmp_path, driver, runtime, qos):
-    with Node(tmp_path) as node, decoy() as port:
-        pod = node.add(Pod("inference", "llama-70b-0", "vllm", driver=driver, runtime=runtime, qos=qos))
-        with PodVllmNode(tmp_path / "n", node, pod, tp=2, port=port, metrics_text=METRICS.read_text()) as n:
-            report = _kvf(node, n.scenario, "inspect", "--json")
-            text = _kvf(node, n.scenario, "inspect", "--no-color").stdout
-            _kvf(node, n.scenario, "record", "--db", str(tmp_path / "h.db"), "--samples", "1",
-                 "--prom-file", str(tmp_path / "kvf.prom"))
-            pids = dict(n.pids)
-    doc = json.loads(report.stdout)
-    evidence.check("report", doc)
-    t = doc["targets"][0]
-    assert t["status"] == "ok", t["problems"]
-    assert t["pod"] == {"namespace": "inference", "name": "llama-70b-0", "uid": pod.uid, "container": "vllm",
-                        "qos": qos}
-    # the startup, from the CRI log the shim wrote: its workers' live PIDs place them on the GPUs
-    assert [r["rank"] for r in t["startup"]["ranks"]] == ["Worker_TP0 pid={}".format(pids["tp0"]),
-                                                          "Worker_TP1 pid={}".format(pids["tp1"])]
-    assert [(g["rank"], g["processes"][0]["pid"]) for g in t["gpus"]] == [("Worker_TP0", pids["tp0"]),
-                                                                          ("Worker_TP1", pids["tp1"])]
-    read = "k8s:inference/llama-70b-0/vllm: read /var/log/pods/inference_llama-70b-0_{}/vllm/0.log (container " \
-        "restart 0)".format(pod.uid)
-    assert {"code": "engine_log.reader", "message": read} in t["problems"]
-    # the load, from /metrics inside the pod's namespace, not the decoy on the host's loopback
-    live = next(f["detail"] for f in t["findings"] if f["code"] == "concurrency_bound")
-    assert "Live (http://127.0.0.1:{}/metrics): running 21, waiting 4, KV cache usage 62%".format(port) in live
-    assert "From the engine's startup log (k8s:inference/llama-70b-0/vllm):" in text
-    samples = _samples((tmp_path / "kvf.prom").read_text())
-    pod_labels = (("container", "vllm"), ("namespace", "inference"), ("pod", "llama-70b-0"))
-    engine = ("engine", "vllm-{}".format(port))
-    assert samples[("kvforensics_engine_kv_pool_tokens", tuple(sorted((engine,) + pod_labels)))] == 355200
-    assert samples[("kvforensics_engine_kv_pool_bytes", tuple(sorted((engine, ("rank", "Worker_TP0")) + pod_labels)))]
-    for (name, labels), _ in samples.items():
-        keys = {k for k, _ in labels}
-        if name.startswith(("kvforensics_engine_", "kvforensics_findings")):
-            assert POD_LABELS <= keys, name
-        elif name.startswith(("kvforensics_gpu_memory_total", "kvforensics_host_", "kvforensics_collector_")):
-            assert not POD_LABELS & keys, name  # node-level: whichever pod asks
+def _pod() -> Dict[str, Any]:
+    return _objects()["DaemonSet"]["spec"]["template"]["spec"]
 
 
-def _registry_samples(snap: dict, selected: int):
-    """The textfile of the snapshot explained for its engine ``selected`` (what a record run choosing it writes)."""
-    chosen = dict(snap, engines=dict(snap["engines"], selected=selected))
-    insp = inspect_snapshot(chosen, "bundle:two-pods", Options())
-    assert isinstance(insp, Inspection)
-    return _samples(prometheus.render(prometheus.registry(insp)))
+def _container() -> Dict[str, Any]:
+    (container,) = _pod()["containers"]
+    return container
 
 
-def test_two_pods_on_one_node_with_the_same_engine_and_port_do_not_collide(tmp_path):
-    """Two teams' pods, each a vLLM on the same port in its own namespace: both found, each with its pod;
-    their engine series differ by pod, the node's series are the same series."""
-    with Node(tmp_path) as node, decoy() as port:
-        a = node.add(Pod("team-a", "llama-0", "vllm", driver="systemd"))
-        b = node.add(Pod("team-b", "llama-0", "vllm", driver="cgroupfs"))
-        with PodVllmNode(tmp_path / "a", node, a, tp=2, port=port, metrics_text=METRICS.read_text()) as na, \
-                PodVllmNode(tmp_path / "b", node, b, tp=2, port=port, metrics_text=METRICS.read_text()) as nb:
-            merge_scenarios([na, nb], tmp_path / "scenario.txt")
-            _kvf(node, tmp_path / "scenario.txt", "inspect", "--save", str(tmp_path / "node.json"))
-            ours = {na.engine_pid: "team-a", nb.engine_pid: "team-b"}
-    snap = json.loads((tmp_path / "node.json").read_text())
-    # another copy of the suite may run its own fake engines on this machine: only ours are looked at
-    index = {ours[e["server"]["pid"]]: i for i, e in enumerate(snap["engines"]["engines"])
-             if e.get("server") and e["server"]["pid"] in ours}
-    assert {(e["server"]["container"]["namespace"], e["server"]["container"]["pod"])
-            for e in (snap["engines"]["engines"][i] for i in index.values())} == {("team-a", "llama-0"),
-                                                                                 ("team-b", "llama-0")}
-    code, out, err = run_cli(["inspect", "--from", str(tmp_path / "node.json"), "--json"])  # the bundle carries them
-    assert json.loads(out)["targets"][0]["pod"]["namespace"] in ("team-a", "team-b")
-    first, second = (_registry_samples(snap, index[team]) for team in ("team-a", "team-b"))
-    engine_series = [{k for k in s if k[0].startswith(("kvforensics_engine_", "kvforensics_findings"))}
-                     for s in (first, second)]
-    assert engine_series[0] and engine_series[1] and not engine_series[0] & engine_series[1]
-    node_series = [{k for k in s if k[0].startswith("kvforensics_gpu_memory_total")} for s in (first, second)]
-    assert node_series[0] == node_series[1] and len(node_series[0]) == 4
+def test_the_kustomization_applies_every_manifest():
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(_kustomization()["resources"]) == files
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS, ids=lambda v: v or "latest")
+def test_every_builtin_object_is_valid_for_kubernetes(version):
+    import kubernetes_validate
+
+    target = version or kubernetes_validate.latest_version()
+    checked = []
+    for kind, obj in _objects().items():
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: the next test
+        kubernetes_validate.validate(obj, target, strict=True)
+        checked.append(kind)
+    assert sorted(checked) == ["DaemonSet", "Namespace", "Service", "ServiceAccount"]
+
+
+def test_a_field_kubernetes_does_not_know_is_caught():
+    """The validation is strict, so a misspelt field (silently dropped by the API server) fails here."""
+    import kubernetes_validate
+
+    ds = _objects()["DaemonSet"]
+    ds["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_servicemonitor_is_valid_against_its_schema():
+    import jsonschema
+
+    schema = json.loads((FIXTURES / "kubernetes" / "servicemonitor.schema.json").read_text())
+    sm = _objects()["ServiceMonitor"]
+    jsonschema.Draft202012Validator(schema).validate(sm)
+    bad = json.loads(json.dumps(sm))
+    bad["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate(bad)
+    (endpoint,) = sm["spec"]["endpoints"]
+    # Prometheus refuses a scrape timeout longer than the interval
+    assert _seconds(endpoint["scrapeTimeout"]) <= _seconds(endpoint["interval"])
+
+
+def _seconds(duration: str) -> float:
+    from agent.history.store import parse_duration
+
+    return parse_duration(duration)
+
+
+def test_the_objects_point_at_each_other():
+    objs = _objects()
+    ns = objs["Namespace"]["metadata"]["name"]
+    for kind, obj in objs.items():
+        if kind != "Namespace":
+            assert obj["metadata"]["namespace"] == ns, kind
+    ds, svc, sm = objs["DaemonSet"], objs["Service"], objs["ServiceMonitor"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [ns]
+    assert _pod()["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
+    (port,) = _container()["ports"]
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["targetPort"] == port["name"] == sm["spec"]["endpoints"][0]["port"] == svc_port["name"]
+    assert svc["spec"]["clusterIP"] == "None"  # each node's pod is its own target
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert _container()[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def _serve_params(args: List[str]) -> Dict[str, Any]:
+    """The DaemonSet's arguments as the real CLI parses them (an unknown option fails here)."""
+    import typer
+
+    from agent.cli import app
+
+    assert args[0] == "serve"
+    command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    return command.make_context("serve", list(args[1:])).params
+
+
+def test_the_daemonset_runs_serve_as_documented():
+    c = _container()
+    params = _serve_params(c["args"])
+    (port,) = c["ports"]
+    assert params["listen"] == "0.0.0.0:{}".format(port["containerPort"])
+    assert params["min_interval"] == "15s" and params["keep"] == "30d"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in _pod()["volumes"]}
+    # the history lives on the node, at the path --db names
+    assert os.path.dirname(params["db"]) == mounts["history"]["mountPath"] == volumes["history"]["hostPath"]["path"]
+    assert c["image"] == "kvforensics:{}".format(_version())
+
+
+def test_the_privileges_are_the_documented_ones():
+    pod, c = _pod(), _container()
+    assert pod["hostPID"] is True
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert pod["automountServiceAccountToken"] is False
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])  # no GPU taken from the engines
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    for path in ("/var/log/pods", "/var/log/containers"):
+        assert mounts[path]["readOnly"] is True
+        assert host_paths[mounts[path]["name"]] == path  # same path: the symlinks resolve inside the pod
+    writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/var/lib/kvforensics", "/tmp"}
+    assert "limits" not in c["resources"] or "memory" not in c["resources"]["limits"]
+
+
+def test_the_containerfile_builds_this_version_from_the_sdist():
+    text = (K8S / "Containerfile").read_text()
+    assert text.count("ARG VERSION={}\n".format(_version())) == 2
+    assert "pip wheel" in text and "--no-index" in text  # the image installs what the build stage made
+    (port,) = _container()["ports"]
+    assert 'CMD ["serve", "--listen", "0.0.0.0:{}"]'.format(port["containerPort"]) in text
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (kustomize is inside it)")
+def test_kubectl_kustomize_renders_the_deployment():
+    done = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(done.stdout)]
+    assert sorted(kinds) == ["DaemonSet", "Namespace", "Service", "ServiceAccount", "ServiceMonitor"]
+
+
+def test_deploy_files_writes_the_kubernetes_files_with_the_image(tmp_path):
+    code, out, err = run_cli(["deploy-files", str(tmp_path), "--image", "registry.example/kvforensics:{}".format(
+        _version())])
+    assert code == 0, err
+    written = tmp_path / "kubernetes"
+    assert {p.name for p in written.iterdir()} == {p.name for p in K8S.iterdir()}
+    ds = yaml.safe_load((written / "daemonset.yaml").read_text())
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/kvforensics:{}".format(
+        _version())
+    assert (written / "service.yaml").read_text() == (K8S / "service.yaml").read_text()
+
+
+def test_the_daemonsets_command_serves_the_fake_node(tmp_path):
+    """The container's main process as the DaemonSet starts it, but for the address (here: a free
+    loopback port, named on stderr) and the history (a temporary file); probed as the kubelet probes."""
+    build_fake_nvml()
+    args = list(_container()["args"])
+    args[args.index("--listen") + 1] = "127.0.0.1:0"
+    args[args.index("--db") + 1] = str(tmp_path / "history.db")
+    with FakeNode(tmp_path / "node") as node:
+        proc = subprocess.Popen([sys.executable, "-m", "agent"] + args + ["--nvml-lib", str(FAKE_LIB), "--no-http"],
+                                env=dict(node.env(), PYTHONPATH=str(ROOT)), cwd=str(ROOT), stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            url = proc.stderr.readline().split("listening on ", 1)[1].split(" ", 1)[0]
+            probe = _container()["readinessProbe"]["httpGet"]["path"]
+            with urllib.request.urlopen(url + probe, timeout=60) as r:
+                assert r.status == 200
+            with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+                assert b'kvforensics_gpu_up{gpu="7"' in r.read()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+
+
+def test_deploy_files_lists_every_kubernetes_file():
+    """What `deploy-files` writes (and looks for in an installation) is the whole folder."""
+    from agent.cli.deploy_files import KUBERNETES_FILES
+
+    assert {Path(n).name for n in KUBERNETES_FILES} == {p.name for p in K8S.iterdir()}

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from agent.cli import analyze, deploy, exitcodes, history, inspect, probe, record, watch
+from agent.cli import analyze, deploy, exitcodes, history, inspect, probe, record, serve, watch
 from agent.cli.options import UsageProblem
 
 __all__ = ["app", "entry", "main", "UsageProblem"]
@@ -51,10 +51,11 @@ def _group(
 app.command("analyze", short_help="Explain GPU memory from an engine's startup log, offline.")(analyze.analyze)
 app.command("inspect", short_help="Inspect nodes live (here or over SSH), reconciled.")(inspect.inspect)
 app.command("record", short_help="Sample into history; export Prometheus metrics (cron).")(record.record)
+app.command("serve", short_help="Serve /metrics and /healthz, sampling on scrape (DaemonSet).")(serve.serve)
 app.command("history", short_help="Low-water free memory and peak KV use over time.")(history.history_cmd)
 app.command("watch", short_help="Live view of free GPU memory and KV usage.")(watch.watch)
 app.command("probe", short_help="Write the exact probe shipped to inspected hosts.")(probe.probe)
-app.command("deploy-files", short_help="Write the cron line, systemd units and alert rules.")(deploy.deploy_files)
+app.command("deploy-files", short_help="Write cron, systemd, alert rules and Kubernetes files.")(deploy.deploy_files)
 app.command("schema", short_help="Print a published JSON Schema (report, snapshot, history).")(deploy.schema)
 
 
@@ -64,7 +65,8 @@ METAVARS = {
     "--prom-file": "FILE", "--output": "FILE", "--identity": "FILE", "--nvml-lib": "PATH", "--model-config": "PATH",
     "--log": "SPEC", "--request-tokens": "N", "--startup": "N", "--parallel": "N", "--samples": "N", "--count": "N",
     "--timeout": "SECONDS", "--interval": "SECONDS", "--engine": "PORT", "--fail-on": "SEVERITY",
-    "--format": "FORMAT", "--keep": "DURATION", "--since": "DURATION", "--sort": "KEY",
+    "--format": "FORMAT", "--keep": "DURATION", "--listen": "ADDR:PORT", "--min-interval": "DURATION",
+    "--since": "DURATION", "--sort": "KEY",
     "targets": "HOST…", "log": "LOG",
 }
 

@@ -21,14 +21,18 @@ def deploy_files(
                                                         help="node_exporter's --collector.textfile.directory "
                                                              "(default /var/lib/node_exporter/textfile_collector; "
                                                              "Debian: /var/lib/prometheus/node-exporter).")] = None,
+    image: Annotated[Optional[str], typer.Option("--image", metavar="REF",
+                                                 help="The image kubernetes/daemonset.yaml runs, as pushed to your "
+                                                      "registry (default kvforensics:VERSION).")] = None,
 ) -> None:
-    """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths."""
+    """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, and the
+    Kubernetes DaemonSet of serve (kubernetes/)."""
     from agent.cli import deploy_files as df
 
     if (folder is None) == (not show):
         raise UsageProblem("name a folder to write the files into, or --print them")
     try:
-        files = df.render(binary or df.installed_binary(), textfile_dir)
+        files = df.render(binary or df.installed_binary(), textfile_dir, image)
     except df.DeployFilesError as exc:
         raise UsageProblem(str(exc)) from None
     if show:

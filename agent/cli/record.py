@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, Optional
 
 import typer
 
@@ -23,6 +23,9 @@ from agent.cli.options import (
     analysis_options,
     check_log_spec,
 )
+
+if TYPE_CHECKING:
+    from agent.history.record import RecordResult
 
 
 def record(
@@ -47,29 +50,20 @@ def record(
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
     from agent.history import record as record_mod
     from agent.history import store as history
-    from collectors import snapshot
     from reports import prometheus
 
     if not 1 <= samples <= 10000 or not 0 <= interval <= 86400:  # also NaN and infinity
         raise UsageProblem("--samples must be 1–10000 and --interval 0–86400 seconds")
-    keep_s = None
-    if keep and keep != "forever":
-        try:
-            keep_s = history.parse_duration(keep)
-        except ValueError as exc:
-            raise UsageProblem("--keep: {}".format(exc)) from None
+    keep_s = keep_seconds(keep)
     check_log_spec(log)
     path = db or history.default_path()
     opts = analysis_options(margin, request_tokens)
 
-    def collect():
-        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
-
+    collect = collector(nvml_lib, log, model_config, http, engine)
     try:
         history.claim(path)  # a path that is not our history is refused before the lock is made beside it
         with history.Lock(path):
-            result = record_mod.record(path, collect, opts, samples, interval, keep_s,
-                                       target="local:{}".format(__import__("socket").gethostname()))
+            result = record_mod.record(path, collect, opts, samples, interval, keep_s, target=local_target())
     except history.Busy as exc:
         sys.stderr.write("kvforensics: {}\n".format(exc))
         return
@@ -79,11 +73,9 @@ def record(
         sys.stderr.write("kvforensics: the history file was not usable and was moved aside to {}; started a new "
                          "one at {}\n".format(result.moved_aside, path))
     if prom_file:
-        lows = {lw.gpu: lw for lw in result.stats.gpus}
         try:
             _ensure_folder(prom_file)
-            prometheus.write(prom_file, prometheus.registry(result.inspection, lows, result.stats.samples,
-                                                            result.run_min))
+            prometheus.write(prom_file, metrics_registry(result))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
     if result.inspection.collected_nothing:  # say so even with --quiet: cron mails it
@@ -99,6 +91,44 @@ def record(
             ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else "",
             "; pruned {}".format(result.pruned) if result.pruned else "",
             "; wrote {}".format(prom_file) if prom_file else ""))
+
+
+def keep_seconds(keep: Optional[str]) -> Optional[float]:
+    """--keep, checked: seconds, or None for 'forever' (and an empty value)."""
+    from agent.history import store as history
+
+    if not keep or keep == "forever":
+        return None
+    try:
+        return history.parse_duration(keep)
+    except ValueError as exc:
+        raise UsageProblem("--keep: {}".format(exc)) from None
+
+
+def local_target() -> str:
+    import socket
+
+    return "local:{}".format(socket.gethostname())
+
+
+def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optional[str], http: bool,
+              engine: Optional[int]) -> Callable[[], Dict[str, Any]]:
+    """One snapshot of this node per call, with the collection options of record and serve."""
+    from collectors import snapshot
+
+    def collect() -> Dict[str, Any]:
+        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
+
+    return collect
+
+
+def metrics_registry(result: "RecordResult"):  # type: ignore[no-untyped-def]
+    """The Prometheus registry of one record result: the textfile's and serve's, so both export the same
+    series with the same values for the same node."""
+    from reports import prometheus
+
+    lows = {lw.gpu: lw for lw in result.stats.gpus}
+    return prometheus.registry(result.inspection, lows, result.stats.samples, result.run_min)
 
 
 def _ensure_folder(path: str) -> None:

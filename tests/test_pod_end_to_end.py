@@ -1,0 +1,128 @@
+"""End to end on one machine: an engine in a Kubernetes pod, found and explained from the host.
+
+The engine is tests/fakenode.py's vLLM stand-in (an API server, its engine core and TP workers, a
+startup log with their live PIDs, /metrics), started by a container shim (tests/kubelet.py) in a
+cgroup shaped as the kubelet makes it, with either cgroup driver, in a network namespace of its own
+made with ``unshare --net``, its stdout a pipe whose lines the shim writes as CRI records to
+/var/log/pods. kvforensics runs as its own process in a private mount namespace where the test's
+/var/log-shaped folder is bind-mounted on /var/log; the product has no test hook. On the host's
+loopback, on the same port as the pod's engine, a decoy serves other numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.model import evidence
+from agent.model.live import Inspection
+from agent.model.reconcile import inspect_snapshot
+from agent.model.records import Options
+from reports import prometheus
+from tests.conftest import run_cli
+from tests.fakenode import FAKE_LIB, build_fake_nvml
+from tests.kubelet import Node, Pod, PodVllmNode, decoy, merge_scenarios, run_in_node, why_not
+
+pytestmark = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
+METRICS = Path(__file__).resolve().parent / "fixtures" / "vllm_metrics" / "v0.11.0_v1_dp2.prom"
+POD_LABELS = {"namespace", "pod", "container"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_lib():
+    return build_fake_nvml()
+
+
+def _kvf(node: Node, scenario: Path, *argv: str):
+    run = run_in_node(node, list(argv) + ["--nvml-lib", str(FAKE_LIB)], dict(os.environ, FAKE_NVML_SCENARIO=str(
+        scenario)))
+    assert run.returncode in (0, 1), run.stderr
+    return run
+
+
+def _samples(text: str):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.mark.parametrize("driver,runtime,qos", [("cgroupfs", "containerd", "burstable"),
+                                                ("systemd", "containerd", "guaranteed"),
+                                                ("systemd", "cri-o", "besteffort")])
+def test_inspect_names_the_pod_and_reads_its_cri_log_and_its_metrics(tmp_path, driver, runtime, qos):
+    with Node(tmp_path) as node, decoy() as port:
+        pod = node.add(Pod("inference", "llama-70b-0", "vllm", driver=driver, runtime=runtime, qos=qos))
+        with PodVllmNode(tmp_path / "n", node, pod, tp=2, port=port, metrics_text=METRICS.read_text()) as n:
+            report = _kvf(node, n.scenario, "inspect", "--json")
+            text = _kvf(node, n.scenario, "inspect", "--no-color").stdout
+            _kvf(node, n.scenario, "record", "--db", str(tmp_path / "h.db"), "--samples", "1",
+                 "--prom-file", str(tmp_path / "kvf.prom"))
+            pids = dict(n.pids)
+    doc = json.loads(report.stdout)
+    evidence.check("report", doc)
+    t = doc["targets"][0]
+    assert t["status"] == "ok", t["problems"]
+    assert t["pod"] == {"namespace": "inference", "name": "llama-70b-0", "uid": pod.uid, "container": "vllm",
+                        "qos": qos}
+    # the startup, from the CRI log the shim wrote: its workers' live PIDs place them on the GPUs
+    assert [r["rank"] for r in t["startup"]["ranks"]] == ["Worker_TP0 pid={}".format(pids["tp0"]),
+                                                          "Worker_TP1 pid={}".format(pids["tp1"])]
+    assert [(g["rank"], g["processes"][0]["pid"]) for g in t["gpus"]] == [("Worker_TP0", pids["tp0"]),
+                                                                          ("Worker_TP1", pids["tp1"])]
+    read = "k8s:inference/llama-70b-0/vllm: read /var/log/pods/inference_llama-70b-0_{}/vllm/0.log (container " \
+        "restart 0)".format(pod.uid)
+    assert {"code": "engine_log.reader", "message": read} in t["problems"]
+    # the load, from /metrics inside the pod's namespace, not the decoy on the host's loopback
+    live = next(f["detail"] for f in t["findings"] if f["code"] == "concurrency_bound")
+    assert "Live (http://127.0.0.1:{}/metrics): running 21, waiting 4, KV cache usage 62%".format(port) in live
+    assert "From the engine's startup log (k8s:inference/llama-70b-0/vllm):" in text
+    samples = _samples((tmp_path / "kvf.prom").read_text())
+    pod_labels = (("container", "vllm"), ("namespace", "inference"), ("pod", "llama-70b-0"))
+    engine = ("engine", "vllm-{}".format(port))
+    assert samples[("kvforensics_engine_kv_pool_tokens", tuple(sorted((engine,) + pod_labels)))] == 355200
+    assert samples[("kvforensics_engine_kv_pool_bytes", tuple(sorted((engine, ("rank", "Worker_TP0")) + pod_labels)))]
+    for (name, labels), _ in samples.items():
+        keys = {k for k, _ in labels}
+        if name.startswith(("kvforensics_engine_", "kvforensics_findings")):
+            assert POD_LABELS <= keys, name
+        elif name.startswith(("kvforensics_gpu_memory_total", "kvforensics_host_", "kvforensics_collector_")):
+            assert not POD_LABELS & keys, name  # node-level: whichever pod asks
+
+
+def _registry_samples(snap: dict, selected: int):
+    """The textfile of the snapshot explained for its engine ``selected`` (what a record run choosing it writes)."""
+    chosen = dict(snap, engines=dict(snap["engines"], selected=selected))
+    insp = inspect_snapshot(chosen, "bundle:two-pods", Options())
+    assert isinstance(insp, Inspection)
+    return _samples(prometheus.render(prometheus.registry(insp)))
+
+
+def test_two_pods_on_one_node_with_the_same_engine_and_port_do_not_collide(tmp_path):
+    """Two teams' pods, each a vLLM on the same port in its own namespace: both found, each with its pod;
+    their engine series differ by pod, the node's series are the same series."""
+    with Node(tmp_path) as node, decoy() as port:
+        a = node.add(Pod("team-a", "llama-0", "vllm", driver="systemd"))
+        b = node.add(Pod("team-b", "llama-0", "vllm", driver="cgroupfs"))
+        with PodVllmNode(tmp_path / "a", node, a, tp=2, port=port, metrics_text=METRICS.read_text()) as na, \
+                PodVllmNode(tmp_path / "b", node, b, tp=2, port=port, metrics_text=METRICS.read_text()) as nb:
+            merge_scenarios([na, nb], tmp_path / "scenario.txt")
+            _kvf(node, tmp_path / "scenario.txt", "inspect", "--save", str(tmp_path / "node.json"))
+            ours = {na.engine_pid: "team-a", nb.engine_pid: "team-b"}
+    snap = json.loads((tmp_path / "node.json").read_text())
+    # another copy of the suite may run its own fake engines on this machine: only ours are looked at
+    index = {ours[e["server"]["pid"]]: i for i, e in enumerate(snap["engines"]["engines"])
+             if e.get("server") and e["server"]["pid"] in ours}
+    assert {(e["server"]["container"]["namespace"], e["server"]["container"]["pod"])
+            for e in (snap["engines"]["engines"][i] for i in index.values())} == {("team-a", "llama-0"),
+                                                                                 ("team-b", "llama-0")}
+    code, out, err = run_cli(["inspect", "--from", str(tmp_path / "node.json"), "--json"])  # the bundle carries them
+    assert json.loads(out)["targets"][0]["pod"]["namespace"] in ("team-a", "team-b")
+    first, second = (_registry_samples(snap, index[team]) for team in ("team-a", "team-b"))
+    engine_series = [{k for k in s if k[0].startswith(("kvforensics_engine_", "kvforensics_findings"))}
+                     for s in (first, second)]
+    assert engine_series[0] and engine_series[1] and not engine_series[0] & engine_series[1]
+    node_series = [{k for k in s if k[0].startswith("kvforensics_gpu_memory_total")} for s in (first, second)]
+    assert node_series[0] == node_series[1] and len(node_series[0]) == 4
