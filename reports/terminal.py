@@ -89,21 +89,22 @@ def _heading(c: Any, text: str) -> None:
 
 def print_table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequence[Sequence[str]],
            row_styles: Optional[Sequence[Optional[str]]] = None) -> None:
-    """A table fitted to the console (``reports/fit.py``), its title above and footnotes below."""
+    """A table fitted to the console (``reports/fit.py``), its title above and footnotes below; a table
+    whose required columns are wider than the console is printed as several, its first column in each."""
     from rich.table import Table
 
-    fitted = fit.fit_table(columns, rows, _width(c))
     if title:
         _heading(c, title)
-    table = Table(show_edge=False, pad_edge=False, expand=False)
-    for col, w in zip(fitted.columns, fitted.widths):
-        table.add_column(col.header, justify=col.justify, width=w, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
-                         style=col.style)
-    for i, row in enumerate(fitted.rows):
-        table.add_row(*row, style=row_styles[i] if row_styles else None)
-    c.print(table)
-    for marker, text in fitted.notes:
-        say(c, text, indent=len(marker) + 1, first=marker, style="dim")
+    for fitted in fit.fit_tables(columns, rows, _width(c)):  # several only when the required columns are too wide
+        table = Table(show_edge=False, pad_edge=False, expand=False)
+        for col, w in zip(fitted.columns, fitted.widths):
+            table.add_column(col.header, justify=col.justify, width=w, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
+                             style=col.style)
+        for i, row in enumerate(fitted.rows):
+            table.add_row(*row, style=row_styles[i] if row_styles else None)
+        c.print(table)
+        for marker, text in fitted.notes:
+            say(c, text, indent=len(marker) + 1, first=marker, style="dim")
 
 
 # --- bars ---------------------------------------------------------------------------------------

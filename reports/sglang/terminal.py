@@ -171,7 +171,8 @@ def _ledger_tables(c: Any, a: Analysis, groups: List[Tuple[str, RankLedger]]) ->
         chunk = range(start, min(len(groups), start + per_table))
         columns = [Col("item")] + [Col(groups[i][0], "right") for i in chunk]
         if start == 0:
-            columns.append(Col("source ({})".format(groups[0][0]), priority=10, give=NOTES, style="dim"))
+            columns.append(Col("source ({})".format(groups[0][0]), priority=10, give=NOTES, style="dim",
+                               short="source"))
         body = [[r[0]] + [r[1 + i] for i in chunk] + ([r[-1]] if start == 0 else []) for r in rows]
         print_table(c, title if start == 0 else None, columns, body)
 

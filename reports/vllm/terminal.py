@@ -7,9 +7,11 @@ from typing import Any
 from reports.fit import NOTES, Col
 from reports.terminal import gib_cell, print_table, say
 
-COLUMNS = (("total", "total_gpu_bytes"), ("budget T·u", "requested_bytes"), ("weights", "weights_bytes"),
-                 ("non-torch", "non_torch_bytes"), ("activation", "activation_peak_bytes"),
-                 ("graphs", "cuda_graph_bytes"), ("KV", "available_kv_bytes"))
+# (header, field, shorter header where 80 columns need it: spelt out under the table)
+COLUMNS = (("total", "total_gpu_bytes", ""), ("budget T·u", "requested_bytes", "T·u"),
+           ("weights", "weights_bytes", ""), ("non-torch", "non_torch_bytes", ""),
+           ("activation", "activation_peak_bytes", "act."), ("graphs", "cuda_graph_bytes", ""),
+           ("KV", "available_kv_bytes", ""))
 
 
 def render(c: Any, a: Any) -> None:
@@ -28,8 +30,8 @@ def render(c: Any, a: Any) -> None:
         say(c, "! {}: {}".format(p.code, p.message), indent=2, style="yellow")
     if a.ranks:
         columns = [Col("worker", priority=40, give=NOTES), Col("u", "right")] + [
-            Col(label, "right") for label, _ in COLUMNS]
+            Col(label, "right", short=short) for label, _, short in COLUMNS]
         rows = [[w.rank or "(no prefix)", "—" if w.gpu_memory_utilization is None else
-                 "{:g}".format(w.gpu_memory_utilization)] + [gib_cell(getattr(w, key)) for _, key in COLUMNS]
+                 "{:g}".format(w.gpu_memory_utilization)] + [gib_cell(getattr(w, key)) for _, key, _ in COLUMNS]
                 for w in a.ranks]
         print_table(c, "Memory per worker (GiB)", columns, rows)
