@@ -222,21 +222,39 @@ def clip(text: str, width: int, max_lines: int) -> List[str]:
     if len(lines) <= max_lines:
         return lines
     kept = lines[:max_lines]
-    last = first_words(kept[-1] + " " + lines[max_lines], width - 2) or kept[-1]
-    kept[-1] = _without_trailing_figures(last) + " …"
+    head = first_words(kept[-1] + " " + lines[max_lines], width - 2) or first_words(kept[-1], width - 2)
+    last = _without_trailing_figures(head or kept[-1][:width - 2])  # a name longer than the line: cut
+    kept[-1] = "…" if FIGURE_END.search(last) else last + " …"  # a line of one figure gives way to the ellipsis
     return kept
 
 
 def _without_trailing_figures(line: str) -> str:
-    """The line less its last words while they end in a digit ('21.73', '(line 2);', 'TP0'), or less
-    a separator that broke a word ('/tmp/a/' stays: no digit); '' is never returned for a real line."""
+    """The line less its last words while they end in a figure ('21.73', '(line 2);', '(31.44/47.',
+    'ip=10.0.0.12,'; not 'TP0' or 'Info_v2', whose digit is part of a name); never less its first word."""
     words = line.split(" ")
-    while len(words) > 1 and _FIGURE_END.search(words[-1]):
+    while len(words) > 1 and FIGURE_END.search(words[-1]):
         words.pop()
     return " ".join(words)
 
 
-_FIGURE_END = re.compile(r"\d[^\w\s]*$")
+FIGURE = r"(?<![A-Za-z_])\d[\d.,/:]*"  # a number, not the digits of a name
+FIGURE_END = re.compile(FIGURE + r"[^\w\s]*$")
+CUT_FIGURE = re.compile(FIGURE + r"\s?…")  # a figure right before an ellipsis: what a report never shows
+
+
+FACTS = " · "  # between the facts of a summary line
+
+
+def pack_facts(text: str, width: int) -> List[str]:
+    """'a · b · c' in lines of at most ``width``, broken between facts (a line never starts with the
+    separator); a fact longer than a line is wrapped at words."""
+    lines: List[str] = []
+    for fact in text.split(FACTS):
+        if lines and cell_len(lines[-1] + FACTS + fact) <= width:
+            lines[-1] += FACTS + fact
+        else:
+            lines += wrap(fact, width)
+    return lines
 
 
 def pack(items: Iterable[str], width: int, indent: int = 2, gap: int = 2) -> List[str]:

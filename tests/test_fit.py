@@ -8,7 +8,7 @@ import re
 from reports import fit
 from reports.fit import NOTES, Col
 
-CUT_FIGURE = re.compile(r"\d[.,/:]?\s?…")
+CUT_FIGURE = fit.CUT_FIGURE
 
 
 def _shown(fitted):
@@ -54,10 +54,18 @@ def test_clipped_prose_never_ends_in_a_figure():
     texts = ["free GPU memory at worker start was below total × gpu_memory_utilization: ValueError: Free "
              "memory on device (31.44/47.92 GiB) on startup is less than desired GPU memory utilization",
              "the profiled value instead. (DP0 TP0 line 2); last free figure 21.73 GiB of 80.00 GiB on every rank",
-             "ray::RayWorkerWrapper.execute_method() (pid=7106, ip=192.168.10.10, actor_id=0123456789abcdef) failed"]
+             "ray::RayWorkerWrapper.execute_method() (pid=7106, ip=192.168.10.10, actor_id=0123456789abcdef) failed",
+             "nvml.process_list_corrupt: GPU 3,5: nvmlDeviceGetComputeRunningProcesses_v3 returned a corrupt list"]
     for text in texts:
         for width in range(30, 90, 7):
             lines = fit.clip(text, width, 2)
             assert len(lines) <= 2 and all(fit.cell_len(x) <= width for x in lines)
             assert not CUT_FIGURE.search(lines[-1]), (width, lines)
             assert all(w == "…" or w in text for line in lines for w in line.split())  # nothing invented
+
+
+def test_the_figure_pattern_tells_figures_from_names():
+    for cut in ("0…", "139.…", "54.…", "(31.44/47. …", "ip=192.168.10.10, …", "21.73 …"):
+        assert fit.CUT_FIGURE.search(cut), cut
+    for whole in ("TP0 …", "Info_v2 …", "GiB …", "line …"):
+        assert not fit.CUT_FIGURE.search(whole), whole
