@@ -4,6 +4,9 @@ Tables never wrap a cell: each column gets its natural width, and when the table
 the columns give way in the order of their priority (lowest first) — a column that may be
 dropped is dropped; a column whose long cells may move to footnotes keeps the first words
 that fit and a marker ``[n]``, and the whole text is printed under the table as ``[n] …``.
+When the required columns alone are too wide, those with a short header take it (spelt out
+under the table), and failing that the table is split, its first column in each part: a figure
+is never cut. Prose that must be shortened (``clip``) ends after a word, never after a figure.
 Identical GPUs and ranks are collapsed by the renderers into one row (``0–7 ×8``); the label
 helpers for that are here too. Pure functions of text: no rich import at module level.
 """

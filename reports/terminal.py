@@ -1,5 +1,9 @@
-"""The terminal report (rich): the verdict first, then the evidence — header, per-rank ledger, a bar
-per group of identical GPUs or ranks, the reserve, findings, recommendations.
+"""The terminal report (rich), in two lengths. By default the answer on one screen: the verdict
+(with the unused memory), the node's facts and problems, the GPUs (identical ones in a row), the
+startup in brief (its engine's view says it), each finding and recommendation in a line, and how
+to see the rest. With ``detail`` the full report: the verdict, then the evidence — header,
+per-rank ledger, a bar per group of identical GPUs or ranks, the reserve, findings,
+recommendations.
 
 GiB appear only here, labelled; the records underneath are bytes. Ranks whose ledgers are
 identical are one column ("TP1–TP7"); identical GPUs one row ("0–7 ×8"). Every width from 80
