@@ -18,7 +18,7 @@ from agent.plugin import ENGINES, display
 GIB = 1 << 30
 BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_CELLS = 30  # the widest sparkline: 80 columns hold it beside the figures
-LOAD_CELLS = 20
+LOAD_CELLS = 12  # the KV usage trend beside the load figures, within 80 columns
 
 
 @dataclass
