@@ -4,14 +4,18 @@ Tables never wrap a cell: each column gets its natural width, and when the table
 the columns give way in the order of their priority (lowest first) — a column that may be
 dropped is dropped; a column whose long cells may move to footnotes keeps the first words
 that fit and a marker ``[n]``, and the whole text is printed under the table as ``[n] …``.
+When the required columns alone are too wide, those with a short header take it (spelt out
+under the table), and failing that the table is split, its first column in each part: a figure
+is never cut. Prose that must be shortened (``clip``) ends after a word, never after a figure.
 Identical GPUs and ranks are collapsed by the renderers into one row (``0–7 ×8``); the label
 helpers for that are here too. Pure functions of text: no rich import at module level.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+import re
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 SEPARATOR = 3  # " │ " between two columns (show_edge=False, pad_edge=False, padding 0 1)
 REQUIRED = 1000  # a priority at or above this is never conceded
@@ -36,6 +40,7 @@ class Col:
     give: str = NONE
     style: Optional[str] = None
     min_width: int = 0  # for NOTES columns: the least they shrink to (the header, or a marker, if wider)
+    short: str = ""  # a shorter header, used (and spelt out under the table) when the table is still too wide
 
 
 @dataclass
@@ -61,27 +66,82 @@ class Notes:
 
 
 def fit_table(columns: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> Fitted:
-    """The columns kept, their widths, and the rows' cells as shown, for ``width`` columns."""
+    """The columns kept, their widths, and the rows' cells as shown, for ``width`` columns.
+
+    Columns give way by priority (dropped, or their long cells moved to footnotes); if the table is
+    still too wide, the columns that have a short header take it (spelt out under the table), and
+    the footnoted columns shrink to it. A cell is never cut: what is shown of it is whole words and
+    a footnote marker. A table whose required columns alone are too wide is ``fit_tables``' to split."""
     cols = list(columns)
-    natural = [max([cell_len(c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    headers = [c.header for c in cols]
+    natural = [max([cell_len(h)] + [cell_len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     widths = list(natural)
     keep = [True] * len(cols)
-    for i in sorted(range(len(cols)), key=lambda j: cols[j].priority):
-        over = _total(widths, keep) - width
-        if over <= 0 or cols[i].priority >= REQUIRED:
-            break
-        if cols[i].give == NOTES:
-            least = max(cell_len(cols[i].header), MARKER_WIDTH, cols[i].min_width)
-            widths[i] = max(least, widths[i] - over)
-        else:
-            keep[i] = False
+    _give_way(cols, headers, widths, keep, width)
+    short = _abbreviate(cols, headers, rows, widths, keep, width)
+    if short:
+        _give_way(cols, headers, widths, keep, width)
     notes = Notes()
     shown_rows = []
     for r in rows:
         shown_rows.append([_shorten(r[i], widths[i], notes) if cols[i].give == NOTES and widths[i] < natural[i]
                            else r[i] for i in range(len(cols)) if keep[i]])
     kept = [i for i in range(len(cols)) if keep[i]]
-    return Fitted([cols[i] for i in kept], [widths[i] for i in kept], shown_rows, notes.items())
+    spelt = ["{} = {}".format(cols[i].short, cols[i].header) for i in kept if i in short]
+    return Fitted([replace(cols[i], header=headers[i]) for i in kept], [widths[i] for i in kept], shown_rows,
+                  notes.items() + ([("headers:", "; ".join(spelt))] if spelt else []))
+
+
+def _give_way(cols: List[Col], headers: List[str], widths: List[int], keep: List[bool], width: int) -> None:
+    """Columns not required give way, lowest priority first, until the table fits: a NOTES column
+    shrinks to its header (or a marker), any other is dropped."""
+    for i in sorted(range(len(cols)), key=lambda j: cols[j].priority):
+        over = _total(widths, keep) - width
+        if over <= 0 or cols[i].priority >= REQUIRED:
+            break
+        if not keep[i]:
+            continue
+        if cols[i].give == NOTES:
+            least = max(cell_len(headers[i]), MARKER_WIDTH, cols[i].min_width)
+            widths[i] = min(widths[i], max(least, widths[i] - over))
+        else:
+            keep[i] = False
+
+
+def _abbreviate(cols: List[Col], headers: List[str], rows: Sequence[Sequence[str]], widths: List[int],
+                keep: List[bool], width: int) -> Set[int]:
+    """Short headers, lowest priority first, while the table is too wide; the columns that took one."""
+    used: Set[int] = set()
+    for i in sorted(range(len(cols)), key=lambda j: cols[j].priority):
+        if _total(widths, keep) <= width:
+            break
+        if not keep[i] or not cols[i].short or cell_len(cols[i].short) >= cell_len(headers[i]):
+            continue
+        headers[i] = cols[i].short
+        used.add(i)
+        if cols[i].give != NOTES:  # a footnoted column shrinks in the next round of giving way
+            widths[i] = max([cell_len(headers[i])] + [cell_len(r[i]) for r in rows])
+    return used
+
+
+def fit_tables(columns: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> List[Fitted]:
+    """``fit_table``; when the required columns alone are wider than ``width``, several tables, each
+    with the first column and as many of the others, in order, as fit beside it."""
+    fitted = fit_table(columns, rows, width)
+    if table_width(fitted) <= width or len(columns) < 3:
+        return [fitted]
+    least = [max(cell_len(c.short or c.header), MARKER_WIDTH, c.min_width) if c.give == NOTES
+             else max([cell_len(c.short or c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    parts: List[List[int]] = [[]]
+    used = least[0]
+    for i in range(1, len(columns)):
+        if parts[-1] and used + SEPARATOR + least[i] > width:
+            parts.append([])
+            used = least[0]
+        parts[-1].append(i)
+        used += SEPARATOR + least[i]
+    return [fit_table([columns[0]] + [columns[i] for i in part], [[r[0]] + [r[i] for i in part] for r in rows],
+                      width) for part in parts]
 
 
 def table_width(fitted: Fitted) -> int:
@@ -110,7 +170,7 @@ def first_words(text: str, width: int) -> str:
     for i, ch in enumerate(text):
         if ch == " ":
             head = text[:i]
-        elif ch in BREAKS:
+        elif ch in BREAKS and not _inside_figure(text, i):
             head = text[:i + 1]
         else:
             continue
@@ -121,6 +181,11 @@ def first_words(text: str, width: int) -> str:
 
 
 BREAKS = "/,;:=&?.)"  # a word longer than a line (a path, a URL) is broken after one of these
+
+
+def _inside_figure(text: str, i: int) -> bool:
+    """The separator at ``i`` joins two digits ('47.92', '31.44/47.92', '1,024'): not a place to break."""
+    return 0 < i < len(text) - 1 and text[i - 1].isdigit() and text[i + 1].isdigit()
 
 
 def _pieces(word: str, width: int) -> List[str]:
@@ -154,14 +219,45 @@ def wrap(text: str, width: int) -> List[str]:
 
 def clip(text: str, width: int, max_lines: int) -> List[str]:
     """``text`` wrapped to at most ``max_lines`` lines; when cut, the last line ends with ' …' (the
-    whole text is in the report below)."""
+    whole text is in the report below), after a word, never after a figure: a number left without
+    its unit or its other half would read as the whole of it."""
     lines = wrap(text, width)
     if len(lines) <= max_lines:
         return lines
     kept = lines[:max_lines]
-    last = first_words(kept[-1] + " " + lines[max_lines], width - 2)
-    kept[-1] = (last or kept[-1]) + " …"
+    head = first_words(kept[-1] + " " + lines[max_lines], width - 2) or first_words(kept[-1], width - 2)
+    last = _without_trailing_figures(head or kept[-1][:width - 2])  # a name longer than the line: cut
+    kept[-1] = "…" if FIGURE_END.search(last) else last + " …"  # a line of one figure gives way to the ellipsis
     return kept
+
+
+def _without_trailing_figures(line: str) -> str:
+    """The line less its last words while they end in a figure ('21.73', '(line 2);', '(31.44/47.',
+    'ip=10.0.0.12,'; not 'TP0' or 'Info_v2', whose digit is part of a name); never less its first word."""
+    words = line.split(" ")
+    while len(words) > 1 and FIGURE_END.search(words[-1]):
+        words.pop()
+    return " ".join(words)
+
+
+FIGURE = r"(?<![A-Za-z_])\d[\d.,/:]*"  # a number, not the digits of a name
+FIGURE_END = re.compile(FIGURE + r"[^\w\s]*$")
+CUT_FIGURE = re.compile(FIGURE + r"\s?…")  # a figure right before an ellipsis: what a report never shows
+
+
+FACTS = " · "  # between the facts of a summary line
+
+
+def pack_facts(text: str, width: int) -> List[str]:
+    """'a · b · c' in lines of at most ``width``, broken between facts (a line never starts with the
+    separator); a fact longer than a line is wrapped at words."""
+    lines: List[str] = []
+    for fact in text.split(FACTS):
+        if lines and cell_len(lines[-1] + FACTS + fact) <= width:
+            lines[-1] += FACTS + fact
+        else:
+            lines += wrap(fact, width)
+    return lines
 
 
 def pack(items: Iterable[str], width: int, indent: int = 2, gap: int = 2) -> List[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Sequence
 
 from agent.model.live import Inspection, TargetFailure
-from agent.model.records import Finding, Recommendation, Verdict
+from agent.model.records import Finding, Recommendation, Verdict, severity_rank
 from agent.plugin import EngineAnalysis
 from reports import fit, terminal
 from reports.plugin import VIEWS
@@ -42,14 +42,45 @@ def plain(draw: Callable[[Any], None]) -> List[str]:
     return ["```text"] + terminal.text_of(buf).rstrip("\n").splitlines()[1:] + ["```", ""]
 
 
-def _verdict(v: Optional[Verdict]) -> List[str]:
+def _verdict(v: Optional[Verdict], memory: str = "") -> List[str]:
     if v is None:
         return []
     lines = ["**{}**".format(escape(v.question)), ""]
-    for label, text in (("Cause", v.cause), ("Proof", v.proof), ("Action", v.action)):
+    for label, text in (("Cause", v.cause), ("Proof", v.proof), ("Memory", memory), ("Action", v.action)):
         if text:
             lines.append("- **{}:** {}".format(label, escape(text)))
     return lines + [""]
+
+
+# --- the short report: each finding and recommendation in a line -------------------------------
+
+HINT = "*Full report (ledger, sources, bars, each finding in full): add `--detail`.*"
+
+
+def _brief(findings: Sequence[Finding], recs: Sequence[Recommendation], request_tokens: int) -> List[str]:
+    """Findings (most severe first) and recommendations (best first), a line each, then the hint."""
+    lines: List[str] = []
+    shown = [f for f in findings if f.code != "reserve_breakdown"]
+    if shown:
+        lines += ["### Findings", ""]
+        lines += ["- **{}** {}".format(f.severity.upper(), escape(f.title))
+                  for f in sorted(shown, key=lambda f: -severity_rank(f.severity))]
+        lines.append("")
+    if recs:
+        lines += ["### {}".format(terminal.recommendations_heading(request_tokens)), ""]
+        for i, r in enumerate(recs, 1):
+            gains = terminal.recommendation_gains(r)
+            lines.append("{}. `{} {}`{} ({})".format(i, r.flag, r.value, ": " + escape(gains) if gains else "",
+                                                     r.basis))
+        lines.append("")
+    return lines + [HINT, ""]
+
+
+def _engine_brief(a: EngineAnalysis) -> List[str]:
+    """The startup in a sentence or two, then its problems."""
+    lines = [escape(sentence) + "  " for sentence in VIEWS.get(a.engine).brief(a)]
+    lines += ["- ! {}".format(escape(text)) for text in terminal.grouped_problems(a.problems)]
+    return lines + [""] if lines else []
 
 
 def _findings(findings: Sequence[Finding]) -> List[str]:
@@ -80,14 +111,25 @@ def _recommendations(recs: Sequence[Recommendation], context_len: Optional[int],
 
 # --- a startup log ------------------------------------------------------------------------------
 
-def render(analyses: Sequence[EngineAnalysis]) -> str:
+def render(analyses: Sequence[EngineAnalysis], detail: bool = True) -> str:
+    """The full report (``detail``), or the short one: verdict, the startup in brief, each finding and
+    recommendation in a line."""
     parts = []
     for a in analyses:
+        if not detail:
+            parts += _brief_analysis(a)
+            continue
         parts += ["## kvforensics `{}`".format(a.target), ""] + _verdict(a.verdict) + ["### Evidence", ""]
         parts += _startup(a)
         parts += _findings(a.findings)
         parts += _recommendations(a.recommendations, a.summary.context_len, a.options.request_tokens)
     return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def _brief_analysis(a: EngineAnalysis) -> List[str]:
+    lines = ["## kvforensics `{}`".format(a.target), ""]
+    lines += _verdict(a.verdict, terminal.memory_line(a.verdict, a.findings))
+    return lines + _engine_brief(a) + _brief(a.findings, a.recommendations, a.options.request_tokens)
 
 
 def _startup(a: EngineAnalysis) -> List[str]:
@@ -101,42 +143,49 @@ def _startup(a: EngineAnalysis) -> List[str]:
 
 # --- live inspection --------------------------------------------------------------------------
 
-def render_inspections(inspections: Sequence[Inspection]) -> str:
+def render_inspections(inspections: Sequence[Inspection], detail: bool = True) -> str:
+    """Each node's full report (``detail``), or its short one: verdict, the GPUs, the startup in brief,
+    each finding and recommendation in a line."""
     parts: List[str] = []
     for insp in inspections:
-        parts += _inspection(insp)
+        parts += _inspection(insp) if detail else _brief_inspection(insp)
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
+def _brief_inspection(insp: Inspection) -> List[str]:
+    lines = ["## kvforensics `{}` ({})".format(insp.target, insp.status), ""]
+    lines += _verdict(insp.verdict, terminal.memory_line(insp.verdict, insp.findings))
+    lines += [escape(terminal.node_facts(insp)), ""]
+    lines += ["- ! {}".format(escape(text)) for text in terminal.grouped_problems(insp.problems)]
+    lines += [""] if insp.problems else []
+    lines += _gpu_table(insp) if insp.gpus else []
+    lines += _engine_brief(insp.analysis) if insp.analysis is not None else []
+    return lines + _brief(insp.findings, insp.recommendations, insp.options.request_tokens)
+
+
+def _gpu_table(insp: Inspection) -> List[str]:
+    rows = []
+    for group in terminal.gpu_groups(insp.gpus):
+        cells = terminal.gpu_cells(group[0])
+        rows.append([terminal.gpu_label(group), cells[0], fit.rank_label([g.rank for g in group])] + list(cells[1:]))
+    return ["#### GPUs now (NVML; GiB; identical GPUs share a row)", ""] + table(
+        ["GPU", "name", "rank", "total", "used", "free", "engine", "others", "reserved"], rows,
+        [True, False, False, True, True, True, True, True, True])
+
+
 def _inspection(insp: Inspection) -> List[str]:
-    snap = insp.snapshot
     lines = ["## kvforensics `{}` ({})".format(insp.target, insp.status), ""] + _verdict(insp.verdict)
     lines += ["### Evidence", ""]
-    facts = ["taken {}".format(terminal.when(snap.taken_at_unix_s))]
-    if snap.nvml.driver_version:
-        facts.append("driver {}".format(snap.nvml.driver_version))
-    facts.append("{} GPU(s)".format(len(insp.gpus)))
-    hm = insp.host_memory
-    if hm.available_bytes is not None:
-        facts.append("host RAM {} GiB available of {} GiB".format(terminal.gib_cell(hm.available_bytes),
-                                                                  terminal.gib_cell(hm.total_bytes)))
-    lines += [escape(" · ".join(facts)), ""]
+    lines += [escape(terminal.node_facts(insp)), ""]
     lines += ["- ! {}: {}".format(p.code, escape(p.message)) for p in insp.problems]
     lines += [""] if insp.problems else []
     if insp.gpus:
         groups = terminal.gpu_groups(insp.gpus)
-        rows = []
-        for group in groups:
-            cells = terminal.gpu_cells(group[0])
-            rows.append([terminal.gpu_label(group), cells[0], fit.rank_label([g.rank for g in group])]
-                        + list(cells[1:]))
-        lines += ["#### GPUs now (NVML; GiB; identical GPUs share a row)", ""]
-        lines += table(["GPU", "name", "rank", "total", "used", "free", "engine", "others", "reserved"], rows,
-                        [True, False, False, True, True, True, True, True, True])
+        lines += _gpu_table(insp)
         lines += ["#### Where each GPU's memory is now", ""]
         lines += plain(lambda c: terminal.gpu_bars(c, groups))
     if insp.analysis is not None:
-        lines += ["### From the engine's startup log (`{}`)".format(snap.engine_log.source), ""]
+        lines += ["### From the engine's startup log (`{}`)".format(insp.snapshot.engine_log.source), ""]
         lines += _startup(insp.analysis)
     lines += _findings(insp.findings)
     a = insp.analysis

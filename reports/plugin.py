@@ -26,6 +26,9 @@ class EngineView:
     markdown: Optional[Callable[[Any], List[str]]] = None
     # live inspection → (rank label, KV pool bytes) for the exporter's per-rank series
     kv_pool_by_rank: Callable[[Any], Iterable[Tuple[str, int]]] = lambda insp: ()
+    # analysis → the startup in a sentence or two of plain text, for the one-screen report (release,
+    # model, parallelism, KV tokens, what bounds concurrency); wrapped by the caller, never cut
+    brief: Callable[[Any], List[str]] = lambda analysis: []
 
 
 VIEWS: "Registry[EngineView]" = Registry("reports")

@@ -1,5 +1,9 @@
-"""The terminal report (rich): the verdict first, then the evidence — header, per-rank ledger, a bar
-per group of identical GPUs or ranks, the reserve, findings, recommendations.
+"""The terminal report (rich), in two lengths. By default the answer on one screen: the verdict
+(with the unused memory), the node's facts and problems, the GPUs (identical ones in a row), the
+startup in brief (its engine's view says it), each finding and recommendation in a line, and how
+to see the rest. With ``detail`` the full report: the verdict, then the evidence — header,
+per-rank ledger, a bar per group of identical GPUs or ranks, the reserve, findings,
+recommendations.
 
 GiB appear only here, labelled; the records underneath are bytes. Ranks whose ledgers are
 identical are one column ("TP1–TP7"); identical GPUs one row ("0–7 ×8"). Every width from 80
@@ -11,8 +15,9 @@ ledger item's bar cells are its own letter, with a legend, so a pasted bar still
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.model.live import GpuLedger, Inspection, Owner, TargetFailure
 from agent.model.records import Finding, Recommendation, Verdict, severity_rank
@@ -89,21 +94,22 @@ def _heading(c: Any, text: str) -> None:
 
 def print_table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequence[Sequence[str]],
            row_styles: Optional[Sequence[Optional[str]]] = None) -> None:
-    """A table fitted to the console (``reports/fit.py``), its title above and footnotes below."""
+    """A table fitted to the console (``reports/fit.py``), its title above and footnotes below; a table
+    whose required columns are wider than the console is printed as several, its first column in each."""
     from rich.table import Table
 
-    fitted = fit.fit_table(columns, rows, _width(c))
     if title:
         _heading(c, title)
-    table = Table(show_edge=False, pad_edge=False, expand=False)
-    for col, w in zip(fitted.columns, fitted.widths):
-        table.add_column(col.header, justify=col.justify, width=w, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
-                         style=col.style)
-    for i, row in enumerate(fitted.rows):
-        table.add_row(*row, style=row_styles[i] if row_styles else None)
-    c.print(table)
-    for marker, text in fitted.notes:
-        say(c, text, indent=len(marker) + 1, first=marker, style="dim")
+    for fitted in fit.fit_tables(columns, rows, _width(c)):  # several only when the required columns are too wide
+        table = Table(show_edge=False, pad_edge=False, expand=False)
+        for col, w in zip(fitted.columns, fitted.widths):
+            table.add_column(col.header, justify=col.justify, width=w, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
+                             style=col.style)
+        for i, row in enumerate(fitted.rows):
+            table.add_row(*row, style=row_styles[i] if row_styles else None)
+        c.print(table)
+        for marker, text in fitted.notes:
+            say(c, text, indent=len(marker) + 1, first=marker, style="dim")
 
 
 # --- bars ---------------------------------------------------------------------------------------
@@ -186,25 +192,41 @@ def _legend(c: Any, entries: Sequence[Tuple[str, Optional[str], str]]) -> None:
 VERDICT_LABEL = 10  # "  action  "
 
 
-def _verdict(c: Any, v: Optional[Verdict]) -> None:
-    """At most 8 lines at any width: the question (≤ 2), cause, proof and action (≤ 2 each); longer
-    texts end in '…' — the whole of each is in the findings and recommendations below."""
+def _verdict(c: Any, v: Optional[Verdict], memory: str = "") -> None:
+    """At most 8 lines at any width: the question (≤ 2), cause, proof and action (≤ 2 each), and in the
+    one-screen report the unused-memory figure (1; the proof gives a line up when the question takes
+    two); longer texts end in '…' — the whole of each is in the findings and recommendations below."""
     from rich.text import Text
 
     if v is None:
         return
     width = _width(c)
-    for line in fit.clip(v.question, width, 2):
+    question = fit.clip(v.question, width, 2)
+    for line in question:
         c.print(Text(line, style="bold"), no_wrap=True, overflow="ignore", crop=False)
-    for label, text, style in (("cause", v.cause, None), ("proof", v.proof, None),
-                               ("action", v.action, "bold green")):
+    rows = [("cause", v.cause, None, 2), ("proof", v.proof, None, 1 if memory and len(question) > 1 else 2),
+            ("memory", memory, None, 1), ("action", v.action, "bold green", 2)]
+    for label, text, style, most in rows:
         if not text:
             continue
-        for i, line in enumerate(fit.clip(text, width - VERDICT_LABEL, 2)):
+        for i, line in enumerate(fit.clip(text, width - VERDICT_LABEL, most)):
             t = Text("  ")
             t.append((label if i == 0 else "").ljust(VERDICT_LABEL - 2), style="bold")
             t.append(line, style=style)
             c.print(t, no_wrap=True, overflow="ignore", crop=False)
+
+
+MEMORY_FINDINGS = ("unused_gpu_memory", "low_headroom")  # the verdict's memory row, in this order
+
+
+def memory_line(v: Optional[Verdict], findings: Sequence[Finding]) -> str:
+    """The unused (or missing) memory in a line, for the one-screen verdict: the finding's title, unless
+    that finding is already the cause."""
+    for code in MEMORY_FINDINGS:
+        f = next((f for f in findings if f.code == code), None)
+        if f is not None and (v is None or v.cause_finding != code):
+            return f.title
+    return ""
 
 
 def _evidence_rule(c: Any) -> None:
@@ -245,6 +267,107 @@ def _recommendations(c: Any, recs: Sequence[Recommendation], context_len: Option
         say(c, r.rationale, indent=3)
 
 
+# --- the one-screen report: each finding, recommendation and problem on a line ------------------
+
+HINT = "Full report (ledger, sources, bars, each finding in full): add --detail"
+
+
+def clipped(c: Any, text: str, indent: int, most: int, first: str = "", style: Optional[str] = None,
+            first_style: Optional[str] = None) -> None:
+    """``text`` in at most ``most`` lines under ``indent`` columns, ``first`` in the indent of the first;
+    cut after a word, never after a figure (``fit.clip``)."""
+    from rich.text import Text
+
+    for i, line in enumerate(fit.clip(text, max(20, _width(c) - indent), most) or [""]):
+        t = Text()
+        lead = first if i == 0 else ""
+        t.append(lead, style=first_style)
+        t.append(" " * (indent - fit.cell_len(lead)))
+        t.append(line, style=style)
+        c.print(t, no_wrap=True, overflow="ignore", crop=False)
+
+
+def finding_lines(c: Any, findings: Sequence[Finding]) -> None:
+    """Every finding in one line, most severe first: severity and title."""
+    shown = [f for f in findings if f.code != "reserve_breakdown"]  # a table: --detail shows it
+    if not shown:
+        return
+    from rich.text import Text
+
+    c.print(Text("Findings", style="bold underline"))
+    for f in sorted(shown, key=lambda f: -severity_rank(f.severity)):
+        clipped(c, f.title, INDENT, 1, first=f.severity.upper(), first_style=SEVERITY_STYLE[f.severity])
+
+
+def recommendation_lines(c: Any, recs: Sequence[Recommendation], request_tokens: int) -> None:
+    """Each recommendation in a line (two at most), best first: the flag, what it gains, its basis."""
+    if not recs:
+        return
+    from rich.text import Text
+
+    c.print(Text(recommendations_heading(request_tokens), style="bold underline"))
+    for i, r in enumerate(recs, 1):
+        clipped(c, recommendation_line(r), 3, 2, first="{}.".format(i), style="green")
+
+
+def recommendations_heading(request_tokens: int) -> str:
+    return "Recommendations (best first; gains per rank; requests of {:,} tokens)".format(request_tokens)
+
+
+def recommendation_line(r: Recommendation) -> str:
+    """'--mem-fraction-static 0.912: +45,981 KV tokens, +6 requests (estimated)'."""
+    gains = recommendation_gains(r)
+    return "{} {}{} ({})".format(r.flag, r.value, ": " + gains if gains else "", r.basis)
+
+
+def recommendation_gains(r: Recommendation) -> str:
+    """The KV tokens it adds, else the memory; and the concurrent requests it adds ('' for a fix)."""
+    parts = []
+    if r.gain_tokens:
+        parts.append("{:+,} KV tokens".format(r.gain_tokens))
+    elif r.gain_bytes:
+        parts.append("{:+.2f} GiB".format(r.gain_bytes / GIB))
+    more = r.gain_requests.get("at_request_tokens") if r.gain_requests else None
+    if more:
+        parts.append("{:+,} requests".format(more))
+    return ", ".join(parts)
+
+
+_GPU_PREFIX = re.compile(r"^GPU (\d+): ")
+
+
+def grouped_problems(problems: Sequence[Any]) -> List[str]:
+    """'code: message' per problem, those that differ only in their GPU as one ('GPU 0,2–7: …')."""
+    groups: Dict[Tuple[str, str, bool], List[int]] = {}
+    for p in problems:
+        m = _GPU_PREFIX.match(p.message)
+        gpus = groups.setdefault((p.code, p.message[m.end():] if m else p.message, m is not None), [])
+        if m:
+            gpus.append(int(m.group(1)))
+    return ["{}: {}{}".format(code, "GPU {}: ".format(fit.ranges(gpus)) if per_gpu else "", message)
+            for (code, message, per_gpu), gpus in groups.items()]
+
+
+def problem_lines(c: Any, problems: Sequence[Any]) -> None:
+    """What could not be collected or read, a line each (the same on several GPUs: one line)."""
+    for text in grouped_problems(problems):
+        clipped(c, text, 2, 1, first="!", style="yellow", first_style="yellow")
+
+
+def engine_brief(c: Any, a: EngineAnalysis) -> None:
+    """The startup in a sentence or two (its engine's view says what), then its problems."""
+    from rich.text import Text
+
+    for sentence in VIEWS.get(a.engine).brief(a):
+        for line in fit.pack_facts(sentence, _width(c)):
+            c.print(Text(line), no_wrap=True, overflow="ignore", crop=False)
+    problem_lines(c, a.problems)
+
+
+def hint(c: Any) -> None:
+    say(c, HINT, style="dim")
+
+
 def gain_text(r: Recommendation) -> str:
     gains = []
     if r.gain_bytes is not None:
@@ -269,8 +392,20 @@ def _render_each(items: Sequence[Any], one: Callable[[Any, Any], None], color: b
     return text_of(buf)
 
 
-def render(analyses: Sequence[EngineAnalysis], color: bool = True, width: int = 110) -> str:
-    return _render_each(analyses, _render_analysis, color, width)
+def render(analyses: Sequence[EngineAnalysis], color: bool = True, width: int = 110, detail: bool = True) -> str:
+    """The full report (``detail``), or the answer on one screen: verdict, the startup in brief, each
+    finding and recommendation in a line, and how to see the rest."""
+    return _render_each(analyses, _render_analysis if detail else _brief_analysis, color, width)
+
+
+def _brief_analysis(c: Any, a: EngineAnalysis) -> None:
+    say(c, "kvforensics " + a.target, style="bold")
+    _verdict(c, a.verdict, memory_line(a.verdict, a.findings))
+    _evidence_rule(c)
+    engine_brief(c, a)
+    finding_lines(c, a.findings)
+    recommendation_lines(c, a.recommendations, a.options.request_tokens)
+    hint(c)
 
 
 def _render_analysis(c: Any, a: EngineAnalysis) -> None:
@@ -285,8 +420,41 @@ def _render_analysis(c: Any, a: EngineAnalysis) -> None:
 
 # --- live inspection --------------------------------------------------------------------------
 
-def render_inspections(inspections: Sequence[Inspection], color: bool = True, width: int = 110) -> str:
-    return _render_each(inspections, _render_inspection, color, width)
+def render_inspections(inspections: Sequence[Inspection], color: bool = True, width: int = 110,
+                       detail: bool = True) -> str:
+    """Each node's full report (``detail``), or its answer on one screen: verdict, the GPUs (identical
+    ones in a row), the startup in brief, each finding and recommendation in a line."""
+    return _render_each(inspections, _render_inspection if detail else _brief_inspection, color, width)
+
+
+def node_facts(insp: Inspection) -> str:
+    """When, which driver, how many GPUs, how much host RAM."""
+    snap = insp.snapshot
+    facts = ["taken {}".format(when(snap.taken_at_unix_s))]
+    if snap.nvml.driver_version:
+        facts.append("driver {}".format(snap.nvml.driver_version))
+    facts.append("{} GPU(s)".format(len(insp.gpus)))
+    hm = insp.host_memory
+    if hm.available_bytes is not None:
+        facts.append("host RAM {} GiB available of {} GiB".format(gib_cell(hm.available_bytes),
+                                                                  gib_cell(hm.total_bytes)))
+    return " · ".join(facts)
+
+
+def _brief_inspection(c: Any, insp: Inspection) -> None:
+    say(c, "kvforensics {}  ({})".format(insp.target, insp.status), style="bold")
+    _verdict(c, insp.verdict, memory_line(insp.verdict, insp.findings))
+    _evidence_rule(c)
+    for line in fit.pack_facts(node_facts(insp), _width(c)):
+        say(c, line)
+    problem_lines(c, insp.problems)
+    if insp.gpus:
+        _gpu_table(c, gpu_groups(insp.gpus))
+    if insp.analysis is not None:
+        engine_brief(c, insp.analysis)
+    finding_lines(c, insp.findings)
+    recommendation_lines(c, insp.recommendations, insp.options.request_tokens)
+    hint(c)
 
 
 def _render_inspection(c: Any, insp: Inspection) -> None:
@@ -296,15 +464,7 @@ def _render_inspection(c: Any, insp: Inspection) -> None:
     say(c, "kvforensics {}  ({})".format(insp.target, insp.status), style="bold")
     _verdict(c, insp.verdict)
     _evidence_rule(c)
-    facts = ["taken {}".format(when(snap.taken_at_unix_s))]
-    if snap.nvml.driver_version:
-        facts.append("driver {}".format(snap.nvml.driver_version))
-    facts.append("{} GPU(s)".format(len(insp.gpus)))
-    hm = insp.host_memory
-    if hm.available_bytes is not None:
-        facts.append("host RAM {} GiB available of {} GiB".format(gib_cell(hm.available_bytes),
-                                                                  gib_cell(hm.total_bytes)))
-    say(c, " · ".join(facts))
+    say(c, node_facts(insp))
     for p in insp.problems:
         say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
     if insp.gpus:

@@ -12,6 +12,7 @@ from tests.conftest import ROOT, SEED_CONFIG, SEED_LOG, run_cli
 SEED_NODE = ROOT / "examples" / "seed-node.json"
 ANALYZE = ["analyze", str(SEED_LOG), "--model-config", str(SEED_CONFIG)]
 INSPECT = ["inspect", "--from", str(SEED_NODE)]
+DETAIL = ["--detail"]  # the bars, the ledger and each finding in full are the full report's
 
 
 def _bars(text, title):
@@ -21,31 +22,31 @@ def _bars(text, title):
 
 
 def test_without_colour_each_item_has_its_own_glyph_and_a_legend():
-    code, out, err = run_cli(ANALYZE + ["--no-color"])
+    code, out, err = run_cli(ANALYZE + DETAIL + ["--no-color"])
     bars = _bars(out, "Where each GPU's pre-load free memory went")
     tp0 = bars[0].split()[1]
     assert set(tp0) >= {"W", "K", "G", "d", "g", "."} and "█" not in out
     for glyph, label in (("W", "weights"), ("K", "KV pool"), ("G", "CUDA graphs"), ("d", "draft weights"),
                          ("g", "draft CUDA graphs"), (".", "free after startup")):
         assert "{} {}".format(glyph, label) in out
-    code, out, err = run_cli(INSPECT + ["--no-color"])
+    code, out, err = run_cli(INSPECT + ["-v", "--no-color"])
     node = _bars(out, "Where each GPU's memory is now")[0]
     assert node.startswith("  GPU 0–7 ×8 W") and "K" in node and "D" in node
 
 
 def test_no_color_environment_gives_the_same_glyphs(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
-    code, out, err = run_cli(ANALYZE)
+    code, out, err = run_cli(ANALYZE + DETAIL)
     assert "\x1b[" not in out and "W weights" in out
 
 
 def test_with_colour_the_bars_are_blocks():
-    code, out, err = run_cli(ANALYZE + ["--color"])
+    code, out, err = run_cli(ANALYZE + DETAIL + ["--color"])
     assert "█" in out and "\x1b[" in out
 
 
 def test_markdown_for_analyze():
-    code, out, err = run_cli(ANALYZE + ["--format", "markdown"])
+    code, out, err = run_cli(ANALYZE + DETAIL + ["--format", "markdown"])
     assert code == 1 and not err and "\x1b[" not in out
     assert out.startswith("## kvforensics `file:")
     assert "**Why is the KV cache 10.42 GiB per rank (159,277 tokens)?**" in out
@@ -57,10 +58,25 @@ def test_markdown_for_analyze():
 
 
 def test_markdown_for_inspect_collapses_gpus():
-    code, out, err = run_cli(INSPECT + ["--format", "markdown"])
-    assert code == 1 and "\x1b[" not in out
-    assert "| 0–7 ×8 | RTX PRO 6000 Blackwell Server Edition | TP0–TP7 |" in out
-    assert "**Where did the GPU memory go? Why is the KV cache 10.42 GiB per rank?**" in out
+    for extra in ([], DETAIL):
+        code, out, err = run_cli(INSPECT + extra + ["--format", "markdown"])
+        assert code == 1 and "\x1b[" not in out
+        assert "| 0–7 ×8 | RTX PRO 6000 Blackwell Server Edition | TP0–TP7 |" in out
+        assert "**Where did the GPU memory go? Why is the KV cache 10.42 GiB per rank?**" in out
+
+
+def test_markdown_is_short_by_default_and_full_with_detail():
+    """The same split as the terminal's: the verdict with the unused memory, each finding and
+    recommendation in a line, and how to see the rest; --detail is the report in full."""
+    for argv in (ANALYZE, INSPECT):
+        code, short, err = run_cli(argv + ["--format", "markdown"])
+        code, full, err = run_cli(argv + DETAIL + ["--format", "markdown"])
+        assert "- **Memory:** " in short and "unused" in short.split("- **Memory:** ")[1].splitlines()[0]
+        assert "- **WARNING** The draft model (LlamaForCausalLMEagle3) took 3.52 GiB out of the reserve" in short
+        assert "1. `--mem-fraction-static 0." in short and "add `--detail`" in short.splitlines()[-1]
+        assert "```text" not in short and "### Evidence" not in short and "evidence:" not in short
+        assert "```text" in full and "### Evidence" in full and "*evidence:*" in full
+        assert "add `--detail`" not in full and len(short.splitlines()) < len(full.splitlines()) / 2
 
 
 def test_markdown_fleet_table():

@@ -170,6 +170,8 @@ def test_no_driver_on_this_machine(monkeypatch):
     assert _codes(t)["nvml_unavailable"]["severity"] == "warning"
     assert t["host_memory"]["available_bytes"] > 0
     code, out, err = run_cli(["inspect", "--no-color", "--no-http", "--nvml-lib", "/nonexistent/x.so"])
+    assert "WARNING  No GPU information: " in out and "host RAM" in out  # the finding's line, on one screen
+    code, out, err = run_cli(["inspect", "--no-color", "--no-http", "--nvml-lib", "/nonexistent/x.so", "--detail"])
     assert "nvml_unavailable" in out and "host RAM" in out
 
 

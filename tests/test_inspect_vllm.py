@@ -487,7 +487,7 @@ def test_the_second_review(tmp_path):
     doc = json.loads((ROOT / "examples" / "vllm-node.json").read_text())
     tiny(doc)
     path.write_text(json.dumps(doc))
-    code, out, err = run_cli(["inspect", "--from", str(path)])
+    code, out, err = run_cli(["inspect", "--from", str(path), "--detail"])
     assert code in (0, 1) and "GPU 0" in out, err
 
 

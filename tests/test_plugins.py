@@ -132,10 +132,13 @@ TOY_LOG = "booting\n[toyllm] kv cache 10.00 GiB for 40960 tokens, budget 12.50 G
 def test_a_toy_engine_is_analysed_and_reported_through_the_registries(toy, tmp_path):
     log = tmp_path / "toy.log"
     log.write_text(TOY_LOG)
-    code, out, err = run_cli(["analyze", str(log), "--no-color"])
+    code, out, err = run_cli(["analyze", str(log), "--no-color", "--detail"])
     assert err == "" and code == 1  # its warning, at the default --fail-on warning
     assert "ToyLLM: KV cache 10.00 GiB of a 12.50 GiB budget" in out
     assert "ToyLLM's KV cache is 80% of its budget" in out
+    code, out, err = run_cli(["analyze", str(log), "--no-color"])  # the one-screen report: its view's brief
+    assert err == "" and "KV cache 10.00 GiB · budget 12.50 GiB" in out
+    assert "WARNING  ToyLLM's KV cache is 80% of its budget" in out
     code, out, _ = run_cli(["analyze", str(log), "--json"])
     target = json.loads(out)["targets"][0]
     assert target["engine"]["name"] == "toyllm"

@@ -57,7 +57,7 @@ def test_inspect_names_the_pod_and_reads_its_cri_log_and_its_metrics(tmp_path, d
         pod = node.add(Pod("inference", "llama-70b-0", "vllm", driver=driver, runtime=runtime, qos=qos))
         with PodVllmNode(tmp_path / "n", node, pod, tp=2, port=port, metrics_text=METRICS.read_text()) as n:
             report = _kvf(node, n.scenario, "inspect", "--json")
-            text = _kvf(node, n.scenario, "inspect", "--no-color").stdout
+            text = _kvf(node, n.scenario, "inspect", "--no-color", "--detail").stdout
             _kvf(node, n.scenario, "record", "--db", str(tmp_path / "h.db"), "--samples", "1",
                  "--prom-file", str(tmp_path / "kvf.prom"))
             pids = dict(n.pids)

@@ -298,6 +298,21 @@ def test_watch_refreshes_and_leaves(node):
     assert code == 0 and "kvforensics watch" in out and "TP7" in out and "5.06" in out
 
 
+def test_watch_sparklines_share_one_scale():
+    """4.20 GiB free never draws taller than 5.06 GiB: every GPU's sparkline is on the scale of all."""
+    import collections
+
+    from reports import watch_view
+
+    looks = watch_view.Looks(free={0: collections.deque([int(5.06 * GIB)] * 4),
+                                   1: collections.deque([int(4.20 * GIB)] * 4),
+                                   2: collections.deque([int(5.06 * GIB), int(4.20 * GIB), None, int(5.06 * GIB)])})
+    lo, hi = watch_view.free_scale(looks)
+    assert (lo, hi) == (int(4.20 * GIB), int(5.06 * GIB))
+    assert [watch_view.spark(list(looks.free[g]), 30, lo, hi) for g in range(3)] == ["████", "▁▁▁▁", "█▁ █"]
+    assert watch_view.spark([0.5, 0.82], 20, 0.0, 1.0) == "▅▇"  # KV usage: on 0–100 %
+
+
 def test_watch_ctrl_c_leaves_cleanly(node):
     env = dict(node.env(), PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "agent", "watch", "--interval", "0.2", "--nvml-lib", str(FAKE_LIB),
@@ -505,6 +520,64 @@ def test_watch_in_a_real_terminal_redraws_and_leaves_on_ctrl_c(node, tmp_path):
         assert done_flag.read_text().strip() in ("rc=0", "rc=130")
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)
+
+
+def _tmux_screens(tmp_path, env, command, rows, until, timeout=30.0):
+    """Run ``command`` in a detached tmux of 80 columns × ``rows`` and capture the pane until
+    ``until(screens)``; then Ctrl-C. Returns the screens and the command's exit line ('rc=…')."""
+    sock = str(tmp_path / "tmux.sock")
+    done_flag = tmp_path / "done"
+    subprocess.run(["tmux", "-S", sock, "new-session", "-d", "-x", "80", "-y", str(rows),
+                    "{}; echo rc=$? > {}".format(command, done_flag)], env=env, check=True)
+    try:
+        screens: list = []
+        deadline = time.time() + timeout
+        while time.time() < deadline and not until(screens):
+            time.sleep(0.4)
+            screens.append(subprocess.run(["tmux", "-S", sock, "capture-pane", "-p"], capture_output=True,
+                                          text=True).stdout)
+        subprocess.run(["tmux", "-S", sock, "send-keys", "C-c"], check=True)
+        deadline = time.time() + 20
+        while time.time() < deadline and not done_flag.exists():
+            time.sleep(0.2)
+        return screens, done_flag.read_text().strip() if done_flag.exists() else ""
+    finally:
+        subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)
+
+
+WATCH_METRICS = ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 7.0\n"
+                 "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3.0\n"
+                 "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.82\n")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_watch_shows_the_engines_load_and_every_gpu_on_one_scale(tmp_path):
+    """On an 80 × 40 terminal, as a person reads it: the engine's running and waiting requests and
+    its KV-cache usage (its /metrics) at the top, in view; and the sparklines on one scale, so the GPU
+    with 2 GiB less free memory (a process beside the engine) draws lower, not the same height."""
+    from tests.fakenode import FakeVllmNode
+
+    build_fake_nvml()
+    with FakeVllmNode(tmp_path / "node", tp=2, foreign={1: 2 * GIB}, metrics_text=WATCH_METRICS) as n:
+        env = dict(n.env(), PYTHONPATH=str(ROOT), COLUMNS="80")
+        command = "{} -m agent watch --interval 0.3 --nvml-lib {}".format(sys.executable, FAKE_LIB)
+
+        def seen(screens):
+            return len([s for s in screens if "looks" in s and re.search(r"Worker_TP1 .* [▁-█]{3}", s)]) >= 2
+
+        screens, rc = _tmux_screens(tmp_path, env, command, 40, seen)
+    assert rc in ("rc=0", "rc=130"), screens[-1:]
+    screen = [s for s in screens if "looks" in s][-1]
+    lines = screen.splitlines()
+    assert all(len(line) <= 80 for s in screens for line in s.splitlines())
+    load = next(i for i, x in enumerate(lines) if "running" in x)
+    assert load <= 2 and "vLLM" in lines[load], screen  # in view: right under the title
+    assert "7 running · 3 waiting · KV cache 82% in use" in lines[load], screen
+    rows = {x.split()[1]: x for x in lines if re.match(r"^\s+\d+\s+Worker_TP", x)}
+    spark0, spark1 = (re.search(r"([▁-█]+)\s*$", rows[r]).group(1) for r in ("Worker_TP0", "Worker_TP1"))
+    assert set(spark0) == {"█"} and set(spark1) < set("▁▂▃▄▅▆▇"), (spark0, spark1)
+    assert "15.50" in rows["Worker_TP1"] and "17.50" in rows["Worker_TP0"]
+    assert "15.50–17.50 GiB" in screen  # the one scale, said
 
 
 def _on_a_small_disk(node, tmp_path, size: str, script: str):

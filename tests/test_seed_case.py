@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import GIB, SEED_LOG, gib, run_cli
+from tests.conftest import GIB, SEED_CONFIG, SEED_LOG, gib, run_cli
 
 
 def _finding(target: dict, code: str) -> dict:
@@ -128,10 +128,27 @@ def test_without_model_config_bytes_per_token_come_from_the_log():
 
 
 def test_terminal_report_shows_the_story():
-    code, out, err = run_cli(["analyze", str(SEED_LOG), "--no-color"])
+    code, out, err = run_cli(["analyze", str(SEED_LOG), "--no-color", "--detail"])
     assert code == 1 and err == ""
     for text in ("TP0", "TP1–TP7", "11.28", "94.04", "Where the 11.28 GiB reserve went", "--mem-fraction-static 0.915",
                  "mem_fraction_semantics", "unused_gpu_memory", "draft_in_reserve", "concurrency_bound",
                  "Where each GPU's pre-load free memory went"):
         assert text in out, text
     assert "\x1b[" not in out
+
+
+def test_the_default_report_is_the_answer_on_one_screen(monkeypatch):
+    """At 80 columns the seed case fits a 40-row terminal: the verdict with the unused memory and the
+    action, the startup in brief, each finding and recommendation in a line, and how to see the rest."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["analyze", str(SEED_LOG), "--model-config", str(SEED_CONFIG), "--no-color"])
+    lines = out.splitlines()
+    assert code == 1 and err == "" and len(lines) <= 40 and all(len(x) <= 80 for x in lines)
+    assert lines[1] == "Why is the KV cache 10.42 GiB per rank (159,277 tokens)?"
+    assert any(x.startswith("  memory  3.31 GiB of GPU memory sits unused") for x in lines[:9])
+    assert any(x.startswith("  action  --mem-fraction-static 0.915") for x in lines[:9])
+    assert "WARNING  3.31 GiB of GPU memory sits unused on every GPU after startup" in lines
+    assert "1. --mem-fraction-static 0.915: +50,291 KV tokens, +6 requests (estimated)" in lines
+    assert lines[-1].endswith("add --detail")
+    for detail in ("TP1–TP7", "Where each GPU's pre-load free memory went", "evidence:", "[1]"):
+        assert detail not in out, detail

@@ -280,6 +280,25 @@ def test_nothing_left_on_the_remote(env, server):
     assert not {"__pycache__", "collectors", "pynvml.py", "probe.py"} & set(os.listdir(home))
 
 
+def test_one_host_over_ssh_is_one_screen_and_a_fleet_one_line_per_host(env, remote_lib, fake_node, monkeypatch):
+    """inspect HOST prints the node's answer on one screen (the full report with --detail); several
+    hosts print one line each, and each host's full report after them only with --detail."""
+    monkeypatch.setenv("COLUMNS", "80")
+    base = ["inspect", "--ssh-config", str(env["config"]), "--timeout", "20", "--no-http", "--no-color",
+            "--nvml-lib", str(remote_lib)]
+    code, short, err = run_cli(base + ["node"])
+    lines = short.splitlines()
+    assert code == 1 and lines[0].startswith("kvforensics ssh:node") and len(lines) <= 40, short
+    assert "GPUs now" in short and "add --detail" in lines[-1] and "Where each GPU's memory is now" not in short
+    code, full, err = run_cli(base + ["node", "-v"])
+    assert "Where each GPU's memory is now" in full and "Memory ledger per rank" in full
+    code, fleet, err = run_cli(base + ["node", "node2"])
+    assert "2 host(s), 2 collected" in fleet and "kvforensics ssh:node" not in fleet
+    assert len([x for x in fleet.splitlines() if x.startswith(("node ", "node2 "))]) == 2
+    code, both, err = run_cli(base + ["node", "node2", "--detail"])
+    assert both.count("Memory ledger per rank") == 2 and both.index("2 host(s)") < both.index("kvforensics ssh:node")
+
+
 def test_fleet_summary_and_hosts_file(env, tmp_path):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("# the fleet\nnode\nwrongkey\n\nnode2  # same box\n")

@@ -120,8 +120,26 @@ def history(width, color):
                                  color, width)
 
 
+def analyze_short(width, color):
+    """The default report: the answer on one screen."""
+    from reports import terminal
+
+    analyses = [_analysis(SEED_LOG, SEED_CONFIG), _analysis(INPUTS / "log-71806c9814120be0.startup-1.log"),
+                _analysis(INPUTS / "log-150aa9b4949e7c8e.startup-1.log")]
+    return terminal.render(analyses, color, width, detail=False)
+
+
+def inspect_short(width, color):
+    from reports import terminal
+
+    nodes = [_inspection(ROOT / "examples" / "seed-node.json"), _inspection(ROOT / "examples" / "vllm-node.json"),
+             _inspection(INPUTS / "snap-26058c2deed84b44.bundle.json")]
+    return terminal.render_inspections(nodes, color, width, detail=False)
+
+
 _HISTORY = {}
-REPORTS = [analyze_complete, analyze_fragment, analyze_failed, inspect_seed, inspect_troubled_nodes, fleet, history]
+REPORTS = [analyze_complete, analyze_fragment, analyze_failed, inspect_seed, inspect_troubled_nodes, fleet, history,
+           analyze_short, inspect_short]
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +184,7 @@ def test_fits_without_breaking_words(report, width, color):
 
 
 @pytest.mark.parametrize("report", [analyze_complete, analyze_fragment, analyze_failed, inspect_seed,
-                                    inspect_troubled_nodes], ids=lambda r: r.__name__)
+                                    inspect_troubled_nodes, analyze_short, inspect_short], ids=lambda r: r.__name__)
 def test_the_verdict_comes_first_in_at_most_8_lines(report):
     for width in WIDTHS:
         for one in ANSI.sub("", report(width, False)).split("\n" + "─" * width + "\n"):
@@ -195,14 +213,16 @@ def test_every_golden_input_verdict_fits_8_lines_at_80_columns():
     from reports import terminal
 
     for path in sorted(INPUTS.iterdir()):
-        if path.name.startswith("snap-"):
-            text = terminal.render_inspections([inspect_snapshot(bundles.load(str(path)), "b", Options())], False, 80)
-        else:
-            try:
-                a = _analysis(path)
-            except LogReadError:  # the inputs that hold no startup: no report, no verdict
-                continue
-            text = terminal.render([replace(a, target="file:x")], False, 80)
-        lines = text.splitlines()
-        end = next(i for i, x in enumerate(lines) if x.startswith("─") and " evidence " in x)
-        assert end - 1 <= 8, (path.name, lines[:end])
+        for detail in (True, False):  # the full report's verdict, and the one-screen report's (its memory row)
+            if path.name.startswith("snap-"):
+                text = terminal.render_inspections([inspect_snapshot(bundles.load(str(path)), "b", Options())],
+                                                   False, 80, detail)
+            else:
+                try:
+                    a = _analysis(path)
+                except LogReadError:  # the inputs that hold no startup: no report, no verdict
+                    continue
+                text = terminal.render([replace(a, target="file:x")], False, 80, detail)
+            lines = text.splitlines()
+            end = next(i for i, x in enumerate(lines) if x.startswith("─") and " evidence " in x)
+            assert end - 1 <= 8, (path.name, lines[:end])

@@ -200,7 +200,14 @@ def json_target(a: ToyAnalysis) -> Dict[str, Any]:
             "verdict": verdict_dict(a.verdict)}
 
 
-VIEW = EngineView(name=NAME, terminal=render_terminal, json_target=json_target)
+def brief(a: ToyAnalysis) -> List[str]:
+    from reports.terminal import gib_cell
+
+    return ["ToyLLM {} · KV cache {} GiB · budget {} GiB".format(a.era.hint, gib_cell(a.kv_bytes),
+                                                                gib_cell(a.budget_bytes))]
+
+
+VIEW = EngineView(name=NAME, terminal=render_terminal, json_target=json_target, brief=brief)
 
 
 def register() -> None:

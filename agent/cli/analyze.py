@@ -12,6 +12,7 @@ from agent.cli.options import (
     MARGIN_GIB,
     REQUEST_TOKENS,
     Color,
+    Detail,
     FailOn,
     Margin,
     ModelConfig,
@@ -43,6 +44,7 @@ def analyze(
                                               help="Count line numbers even in huge logs (reads the whole "
                                                    "file).")] = False,
     color: Color = None,
+    detail: Detail = False,
     engine_kind: Annotated[str, typer.Option("--engine-kind",
                                              help="Whose log it is: auto (from its line shapes) or an "
                                                   "engine's name (an unknown name lists them).")] = "auto",
@@ -79,9 +81,9 @@ def analyze(
     elif fmt == "markdown":
         from reports import markdown
 
-        sys.stdout.write(markdown.render([analysis]))
+        sys.stdout.write(markdown.render([analysis], detail=detail))
     else:
         from reports import terminal
 
-        sys.stdout.write(terminal.render([analysis], color=use_color(color), width=terminal_width()))
+        sys.stdout.write(terminal.render([analysis], color=use_color(color), width=terminal_width(), detail=detail))
     exit_for_findings(level, list(analysis.findings))

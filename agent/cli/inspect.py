@@ -21,6 +21,7 @@ from agent.cli.options import (
     REQUEST_TOKENS,
     Color,
     Db,
+    DetailHosts,
     Engine,
     FailOn,
     Http,
@@ -65,9 +66,7 @@ def inspect(
                                                            "comments.")] = None,
     fmt: ReportFormat = None,
     as_json: ReportJson = False,
-    detail: Annotated[bool, typer.Option("--detail",
-                                         help="With several hosts, print each host's full report after the "
-                                              "summary.")] = False,
+    detail: DetailHosts = False,
     fail_on: FailOn = FAIL_ON,
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
@@ -323,13 +322,14 @@ def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> O
 
 
 def _render(settings: InspectSettings, results: List[Result]) -> None:
-    """JSON, or the fleet table (several targets) and full reports (one target, or --detail); then, on
-    stderr, the targets that failed or gave nothing."""
+    """JSON, or the fleet table (several targets) and the reports: one target's on one screen, or in
+    full with --detail (several targets: each in full with --detail); then, on stderr, the targets
+    that failed or gave nothing."""
     from reports.terminal import render_oneline, sort_results
 
     results = sort_results(results, settings.sort)
     inspections = _inspections(results)
-    detailed = inspections if settings.detail or len(results) == 1 else []
+    shown = inspections if settings.detail or len(results) == 1 else []  # one host: its report, short or full
     if settings.fmt == "oneline":
         sys.stdout.write(render_oneline(results))
     elif settings.fmt == "json":
@@ -340,17 +340,18 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
         from reports import markdown
 
         if len(results) > 1:
-            sys.stdout.write(markdown.render_fleet(results) + ("\n" if detailed else ""))
-        if detailed:
-            sys.stdout.write(markdown.render_inspections(detailed))
+            sys.stdout.write(markdown.render_fleet(results) + ("\n" if shown else ""))
+        if shown:
+            sys.stdout.write(markdown.render_inspections(shown, detail=settings.detail))
     else:
         from reports import terminal
 
         width = terminal_width()
         if len(results) > 1:
             sys.stdout.write(terminal.render_fleet(results, color=use_color(settings.color), width=width))
-        if detailed:
-            sys.stdout.write(terminal.render_inspections(detailed, color=use_color(settings.color), width=width))
+        if shown:
+            sys.stdout.write(terminal.render_inspections(shown, color=use_color(settings.color), width=width,
+                                                         detail=settings.detail))
     if settings.fmt in ("terminal", "markdown"):
         _say_failures(results)
     empty = _collected_nothing(inspections)

@@ -56,6 +56,12 @@ FailOn = Annotated[str, typer.Option("--fail-on",
                                           "critical, never.")]
 Color = Annotated[Optional[bool], typer.Option("--color/--no-color",
                                                help="Force colour on or off (default: on for a terminal).")]
+DETAIL_HELP = ("The full report: the ledger per rank, sources, per-worker tables, bars, each finding in full, "
+               "footnotes (default: the answer on one screen).")
+Detail = Annotated[bool, typer.Option("--detail", "-v", help=DETAIL_HELP)]
+# inspect's: the same, and what it does to a fleet
+DetailHosts = Annotated[bool, typer.Option("--detail", "-v", help=DETAIL_HELP + " With several hosts: each host's "
+                                                                                "full report after the summary.")]
 
 # Collecting from a node: inspect, record and watch.
 NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib",

@@ -17,7 +17,8 @@ def watch(
     http: Http = True,
     color: Color = None,
 ) -> None:
-    """Live view: free memory per GPU with a sparkline, and the engine's KV usage. Ctrl-C leaves."""
+    """Live view: the engine's running and waiting requests and KV-cache usage, and free memory per GPU with
+    sparklines on one scale. Ctrl-C leaves."""
     from agent.history import watch as watch_mod
 
     if not 0 < interval <= 86400 or count < 0:  # also NaN and infinity

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import time
-from typing import Deque, Dict, Optional
+from typing import Optional
 
 
 def run(interval: float, count: int, nvml_lib: Optional[str], http: bool, color: bool) -> None:
@@ -16,16 +15,15 @@ def run(interval: float, count: int, nvml_lib: Optional[str], http: bool, color:
     from collectors import snapshot
     from reports import watch_view
 
-    history: Dict[int, Deque[Optional[int]]] = {}
+    looks = watch_view.Looks()
     console = Console(force_terminal=color, no_color=not color, highlight=False)
     refreshes = 0
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             snap = snapshot.collect(nvml_lib=nvml_lib, http=http)
             insp = inspect_snapshot(snap, "local:{}".format(snap.get("hostname")), Options())
-            for g in insp.gpus:
-                history.setdefault(g.index, collections.deque(maxlen=60)).append(g.free_bytes)
-            live.update(watch_view.view(insp, history, interval), refresh=True)
+            watch_view.remember(looks, insp)
+            live.update(watch_view.view(insp, looks, interval, http), refresh=True)
             refreshes += 1
             if count and refreshes >= count:
                 return

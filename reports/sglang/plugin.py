@@ -16,4 +16,4 @@ def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
 
 
 ENGINE = EngineView(name="sglang", terminal=terminal.render, json_target=json_report.target_dict,
-                    markdown=markdown.markdown, kv_pool_by_rank=kv_pool_by_rank)
+                    markdown=markdown.markdown, kv_pool_by_rank=kv_pool_by_rank, brief=terminal.brief)

@@ -134,6 +134,30 @@ def header(c: Any, a: Analysis) -> None:
         say(c, "{}: {}".format(p.code, p.message), indent=4, first="  !", style="yellow", first_style="yellow")
 
 
+def brief(a: Analysis) -> List[str]:
+    """The startup in two sentences for the one-screen report: release, model, parallelism and the
+    budget flag; then the KV pool and what it holds."""
+    args = a.server_args
+    facts = ["SGLang {}".format(a.era.hint)]
+    if args.get("model_path"):
+        facts.append(str(args["model_path"]).rstrip("/").rsplit("/", 1)[-1])
+    tp = args.get("tp_size")
+    facts.append("TP{}".format(tp) if tp else "{} rank(s)".format(len(a.ranks)))
+    if a.budget.mfs is not None:
+        facts.append("--mem-fraction-static {:g}{}".format(a.budget.mfs, "" if a.server_args_source else
+                                                           " (back-solved)"))
+    if args.get("speculative_algorithm"):
+        facts.append(str(args["speculative_algorithm"]))
+    s = a.summary
+    if s.max_total_num_tokens is None:
+        return [" · ".join(facts)]
+    pool = "KV pool {:,} tokens per rank · max_running_requests {} · context_len {}".format(
+        s.max_total_num_tokens, count(s.max_running_requests), count(s.context_len))
+    if s.startup_avail_bytes is not None:
+        pool += " · {} GiB free after startup".format(gib_cell(s.startup_avail_bytes))
+    return [" · ".join(facts), pool]
+
+
 def ledger_rows(a: Analysis, groups: List[Tuple[str, RankLedger]]) -> List[List[str]]:
     """[item, one value per group, source of the first group] per row of the ledger."""
     rows = []
@@ -171,7 +195,8 @@ def _ledger_tables(c: Any, a: Analysis, groups: List[Tuple[str, RankLedger]]) ->
         chunk = range(start, min(len(groups), start + per_table))
         columns = [Col("item")] + [Col(groups[i][0], "right") for i in chunk]
         if start == 0:
-            columns.append(Col("source ({})".format(groups[0][0]), priority=10, give=NOTES, style="dim"))
+            columns.append(Col("source ({})".format(groups[0][0]), priority=10, give=NOTES, style="dim",
+                               short="source"))
         body = [[r[0]] + [r[1 + i] for i in chunk] + ([r[-1]] if start == 0 else []) for r in rows]
         print_table(c, title if start == 0 else None, columns, body)
 

@@ -18,4 +18,4 @@ def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
 
 
 ENGINE = EngineView(name="vllm", terminal=terminal.render, json_target=json_report.target_dict,
-                    kv_pool_by_rank=kv_pool_by_rank)
+                    kv_pool_by_rank=kv_pool_by_rank, brief=terminal.brief)

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 from reports.fit import NOTES, Col
 from reports.terminal import gib_cell, print_table, say
 
-COLUMNS = (("total", "total_gpu_bytes"), ("budget T·u", "requested_bytes"), ("weights", "weights_bytes"),
-                 ("non-torch", "non_torch_bytes"), ("activation", "activation_peak_bytes"),
-                 ("graphs", "cuda_graph_bytes"), ("KV", "available_kv_bytes"))
+# (header, field, shorter header where 80 columns need it: spelt out under the table)
+COLUMNS = (("total", "total_gpu_bytes", ""), ("budget T·u", "requested_bytes", "T·u"),
+           ("weights", "weights_bytes", ""), ("non-torch", "non_torch_bytes", ""),
+           ("activation", "activation_peak_bytes", "act."), ("graphs", "cuda_graph_bytes", ""),
+           ("KV", "available_kv_bytes", ""))
+
+
+def brief(a: Any) -> List[str]:
+    """The startup in a sentence for the one-screen report: release, model, workers, the budget flag,
+    the KV cache and vLLM's own concurrency figure."""
+    facts = ["vLLM {}".format(a.era.hint or "?")]
+    model = a.server_args.get("model") or a.server_args.get("model_path")
+    if model:
+        facts.append(str(model).rstrip("/").rsplit("/", 1)[-1])
+    facts.append("{} worker(s)".format(len(a.ranks)))
+    utilization = next((w.gpu_memory_utilization for w in a.ranks if w.gpu_memory_utilization is not None), None)
+    if utilization is not None:
+        facts.append("--gpu-memory-utilization {:g}".format(utilization))
+    if a.kv_cache_tokens is not None:
+        facts.append("GPU KV cache {:,} tokens".format(a.kv_cache_tokens))
+    if a.max_concurrency:
+        facts.append("max concurrency {:.2f}x at {:,} tokens".format(a.max_concurrency["times"],
+                                                                     a.max_concurrency["tokens_per_request"]))
+    return [" · ".join(facts)]
 
 
 def render(c: Any, a: Any) -> None:
@@ -28,8 +49,8 @@ def render(c: Any, a: Any) -> None:
         say(c, "! {}: {}".format(p.code, p.message), indent=2, style="yellow")
     if a.ranks:
         columns = [Col("worker", priority=40, give=NOTES), Col("u", "right")] + [
-            Col(label, "right") for label, _ in COLUMNS]
+            Col(label, "right", short=short) for label, _, short in COLUMNS]
         rows = [[w.rank or "(no prefix)", "—" if w.gpu_memory_utilization is None else
-                 "{:g}".format(w.gpu_memory_utilization)] + [gib_cell(getattr(w, key)) for _, key in COLUMNS]
+                 "{:g}".format(w.gpu_memory_utilization)] + [gib_cell(getattr(w, key)) for _, key, _ in COLUMNS]
                 for w in a.ranks]
         print_table(c, "Memory per worker (GiB)", columns, rows)
