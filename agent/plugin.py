@@ -53,7 +53,10 @@ class EngineAnalysis(Protocol):
 
     def headroom(self) -> Tuple[Optional[int], str]: ...  # noqa: E704 - free bytes after startup, and its source
 
-    def kv_change(self, delta: int) -> Optional[Any]: ...  # noqa: E704 - the flag change that moves the KV budget
+    # the flag change that moves the KV budget by about delta; on a live node with the GPU's CUDA total
+    # (NVML total − reserved) and the running server's flags, for an engine whose budget they size
+    def kv_change(self, delta: int, cuda_total: Optional[int] = None,
+                  flags: Optional[Dict[str, Any]] = None) -> Optional[Any]: ...  # noqa: E704
 
 
 @dataclass(frozen=True)

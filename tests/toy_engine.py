@@ -151,7 +151,7 @@ class ToyAnalysis:
     def headroom(self) -> Tuple[Optional[int], str]:
         return None, ""
 
-    def kv_change(self, delta: int) -> None:
+    def kv_change(self, delta: int, cuda_total: Optional[int] = None, flags: Optional[Dict[str, Any]] = None) -> None:
         return None
 
 

@@ -4,15 +4,16 @@ and a live node answer (is memory unused, are ranks unbalanced, what bounds conc
 Each rule is one function of the ``Context``: with a live node it measures (NVML now, or the
 engine run's recorded low-water mark); from a log alone it uses the startup's own figures. The
 engine's analysis is read through a small protocol every engine provides: ``failed``,
-``headroom()``, ``kv_change(delta)``, ``budget.cell_bytes``, ``server_args``, ``summary`` (``max_total_num_tokens``,
-``max_running_requests``, ``context_len``, ``source``), ``ranks`` (``rank``, ``target.
-post_load_avail_bytes``, ``target.sources``) and ``engine_warnings(kind)`` ((text, evidence) pairs).
+``headroom()``, ``kv_change(delta, cuda_total, flags)``, ``budget.cell_bytes``, ``server_args``,
+``summary`` (``max_total_num_tokens``, ``max_running_requests``, ``context_len``, ``source``), ``ranks``
+(``rank``, ``target.post_load_avail_bytes``, ``target.sources``) and ``engine_warnings(kind)`` ((text,
+evidence) pairs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from agent.model.live import GpuLedger, Inspection, Owner
 from agent.model.records import Finding, KvChange
@@ -38,6 +39,22 @@ def worth_it(gain_tokens: Optional[int], pool_tokens: Optional[int]) -> bool:
     if gain_tokens is None or gain_tokens <= 0:
         return False
     return pool_tokens is None or gain_tokens >= MIN_GAIN_POOL_SHARE * pool_tokens
+
+
+def gain_requests(pool_tokens: Optional[int], gain_tokens: int, context_len: Optional[int], request_tokens: int,
+                  slots: Optional[int] = None) -> Dict[str, Optional[int]]:
+    """More requests that fit at once when a pool of ``pool_tokens`` KV tokens gains ``gain_tokens``: at
+    context_len and at --request-tokens, capped by the request slots when the engine has a known count."""
+    if pool_tokens is None:
+        return {"at_context_len": None, "at_request_tokens": None}
+    cap = slots or 10**9
+    t = pool_tokens
+
+    def more(length: int) -> int:
+        return min(cap, (t + gain_tokens) // length) - min(cap, t // length)
+
+    return {"at_context_len": more(context_len) if context_len else None,
+            "at_request_tokens": more(request_tokens)}
 
 
 def engine_model(ctx: "Context") -> Optional[EngineModel]:
@@ -199,10 +216,21 @@ def spare_memory(ctx: "Context") -> Optional[Spare]:
     if h is None:
         return None
     spare = h.spare(ctx.options.margin_bytes)
-    change = a.kv_change(spare) if a is not None and a.failed is None and spare != 0 else None
+    cuda_total, flags = live_sizing(ctx, h)
+    change = a.kv_change(spare, cuda_total, flags) if a is not None and a.failed is None and spare != 0 else None
     pool = a.summary.max_total_num_tokens if a is not None else None
     worth = spare >= UNUSED_WARN_BYTES and (change is None or worth_it(change.gain_tokens, pool))
     return Spare(h, spare, change, worth)
+
+
+def live_sizing(ctx: "Context", h: Headroom) -> Tuple[Optional[int], Optional[Dict[str, Any]]]:
+    """(the CUDA total of the least free GPU: NVML total − reserved, the running server's flags) on a live
+    node, for an engine whose budget is a share of the total; (None, None) from a log."""
+    if ctx.live is None:
+        return None, None
+    g = h.gpu
+    total = g.total_bytes - g.reserved_bytes if g and g.total_bytes and g.reserved_bytes is not None else None
+    return total, live_settings(ctx.live)
 
 
 def cell_bytes(ctx: "Context") -> Optional[int]:

@@ -97,10 +97,13 @@ class Analysis:
         value, r = min(finals, key=lambda x: x[0])
         return value, "{} {}".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
 
-    def kv_change(self, delta_bytes: int) -> Optional[KvChange]:
+    def kv_change(self, delta_bytes: int, cuda_total: Optional[int] = None,
+                  flags: Optional[Dict[str, Any]] = None) -> Optional[KvChange]:
         """The --mem-fraction-static that moves every rank's KV pool by at most ``delta_bytes``
         (negative: gives memory back), with what it really moves; None without the budget's inputs, or
-        when the fraction would reach 1 (a live node whose free memory the log's budget cannot explain)."""
+        when the fraction would reach 1 (a live node whose free memory the log's budget cannot explain).
+        The fraction multiplies the free memory before the weights load, so the GPU's total and the live
+        flags size nothing here."""
         b = self.budget
         if b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
             return None

@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional
 
 from agent.model.node_rules import Spare, spare_memory, worth_it
+from agent.model.node_rules import gain_requests as node_gain_requests
 from agent.model.records import Recommendation
 from agent.sglang.analysis import Analysis
 from agent.sglang.hicache import MIN_HICACHE_GB, host_offload
@@ -29,18 +30,8 @@ _HALF_PRECISION = ("bf16", "bfloat16", "float16", "fp16", "half", "auto", "torch
 def gain_requests(a: Analysis, gain_tokens: int) -> Dict[str, Optional[int]]:
     """More requests that fit at once: at context_len and at --request-tokens (slot-capped)."""
     s = a.summary
-    t = s.max_total_num_tokens
-    if t is None:
-        return {"at_context_len": None, "at_request_tokens": None}
-    slots = s.max_running_requests or 10**9
-    out: Dict[str, Optional[int]] = {}
-    if s.context_len:
-        out["at_context_len"] = min(slots, (t + gain_tokens) // s.context_len) - min(slots, t // s.context_len)
-    else:
-        out["at_context_len"] = None
-    n = a.options.request_tokens
-    out["at_request_tokens"] = min(slots, (t + gain_tokens) // n) - min(slots, t // n)
-    return out
+    return node_gain_requests(s.max_total_num_tokens, gain_tokens, s.context_len, a.options.request_tokens,
+                              s.max_running_requests)
 
 
 def mem_fraction(ctx: "Context") -> Iterator[Recommendation]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
-from agent.model.node_rules import live_settings, spare_memory
+from agent.model.node_rules import Spare, gain_requests, live_sizing, spare_memory
 from agent.model.records import Recommendation
 from agent.vllm.analysis import Analysis
 from collectors.units import gib
@@ -47,7 +47,8 @@ def on_failure(ctx: "Context") -> Iterator[Recommendation]:
 def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
     """Memory no budget covers, beyond the margin, into the budget (measured on a live node: NVML, or
     the run's low-water mark; else estimated from the startup's figures); or, below the margin, the
-    budget lowered by the shortfall so runtime growth (NCCL, allocator fragments) has room."""
+    budget lowered by the shortfall so runtime growth (NCCL, allocator fragments) has room. Its tokens are
+    vLLM's own count per byte of KV memory (``Analysis.kv_capacity``)."""
     a = ctx.analysis
     if not isinstance(a, Analysis) or a.failed is not None:
         return
@@ -55,23 +56,60 @@ def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
     if found is None or (not found.worth_it and found.spare_bytes >= 0):
         return
     h = found.headroom
-    g = h.gpu
-    cuda_total = g.total_bytes - g.reserved_bytes if g and g.total_bytes and g.reserved_bytes is not None else None
-    moved = a.utilization_for(found.spare_bytes, cuda_total, live_settings(ctx.live) if ctx.live else None)
+    cuda_total, flags = live_sizing(ctx, h)  # what spare_memory sized its change with: one computation
+    moved = a.utilization_for(found.spare_bytes, cuda_total, flags)
     if moved is None or (moved[1] > 0) != (found.spare_bytes > 0):
         return
     new, gain = moved
-    cell = a.budget.cell_bytes
-    basis = "measured" if h.measured else "estimated"
+    tokens = a.kv_tokens_for(gain)
+    cap = a.kv_capacity()
+    yield Recommendation(flag="--gpu-memory-utilization", value="{:.2f}".format(new), gain_bytes=gain,
+                         gain_tokens=tokens, basis="measured" if h.measured else "estimated",
+                         rationale=_resize_rationale(ctx, a, found, new, gain, cuda_total, flags),
+                         gain_requests=gain_requests(cap[0] if cap else None, tokens or 0, a.max_model_len,
+                                                     a.options.request_tokens, _slots(a)))
+
+
+def _resize_rationale(ctx: "Context", a: Analysis, found: Spare, new: float, gain: int, cuda_total: Optional[int],
+                      flags: Optional[Dict[str, Any]]) -> str:
+    """The arithmetic from the free memory to the value and its gain, with the one rounding said where it is
+    applied: free − margin = spare; u + spare ÷ T, rounded down to 0.01; (new − u) × T = the budget's move."""
+    h, margin = found.headroom, a.options.margin_bytes
+    got = a.fraction(flags or {})
+    w = a.sized_worker()
+    total = cuda_total or (w.total_gpu_bytes if w is not None else None)
+    assert got is not None and total
+    u = got[0]
     free = gib(h.free_bytes) + (" free" if ctx.live is not None else " outside the budget after startup")
     if gain > 0:
-        why = "{} ({}), minus the {} margin: the budget, and with it the KV cache, can grow by {} per worker.".format(
-            free, h.how, gib(a.options.margin_bytes), gib(gain))
+        spare = "{} ({}) − {} margin = {} spare".format(free, h.how, gib(margin), gib(found.spare_bytes))
+        step = "u {:g} + {} ÷ T {} = {:.3f}…, rounded down to 0.01 so the budget never grows by more than the " \
+            "spare: {:.2f}".format(u, gib(found.spare_bytes), gib(total), _down(u + found.spare_bytes / total), new)
+        move = "({:.2f} − {:g}) × {} = {} more budget, and as much more KV cache, per worker".format(
+            new, u, gib(total), gib(gain))
     else:
-        why = ("{} ({}) is below the {} margin: lowering the budget by {} per worker gives it back (the KV cache "
-               "shrinks by as much).").format(free, h.how, gib(a.options.margin_bytes), gib(-gain))
-    yield Recommendation(flag="--gpu-memory-utilization", value="{:.2f}".format(new), gain_bytes=gain,
-                         gain_tokens=gain // cell if cell else None, basis=basis, rationale=why)
+        spare = "{} ({}) is below the {} margin by {}".format(free, h.how, gib(margin), gib(-found.spare_bytes))
+        step = "u {:g} − {} ÷ T {} = {:.3f}…, rounded down to 0.01 so at least the shortfall is given back: " \
+            "{:.2f}".format(u, gib(-found.spare_bytes), gib(total), _down(u + found.spare_bytes / total), new)
+        move = "({:g} − {:.2f}) × {} = {} less budget, and as much less KV cache, per worker".format(
+            u, new, gib(total), gib(-gain))
+    cap = a.kv_capacity()
+    tokens = a.kv_tokens_for(gain)
+    per = " = {:+,} KV tokens ({}: {:,} tokens per GiB)".format(
+        tokens, cap[2], cap[0] * (1 << 30) // cap[1]) if cap and tokens is not None else \
+        " (KV tokens unknown: the log gives no KV cache size to scale)"
+    return "{}; {} ({}); {}{}.".format(spare, step, got[1], move, per)
+
+
+def _down(x: float) -> float:
+    """``x`` cut (not rounded) to 3 decimals, as the text shows it before the 0.01 step."""
+    return math.floor(x * 1000) / 1000
+
+
+def _slots(a: Analysis) -> Optional[int]:
+    """--max-num-seqs where the server's arguments say it (vLLM prints no slot count of its own)."""
+    value = a.server_args.get("max_num_seqs")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 RECOMMENDERS = [on_failure, resize_utilization]
