@@ -316,13 +316,16 @@ def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
                       "{} ({} {}). {} sizes every rank alike, so the least free GPU is what can be given to the "
                       "KV pool. Minus the {} margin: {}{}.".format(h.how, low.rank, low.name or "", engine_name(ctx),
                                                                    gib(margin), gib(spare), gain),
-                      spare, (h.evidence,))
+                      spare, (h.evidence,),
+                      proof="{} left on GPU {} − {} margin = {}".format(gib(h.free_bytes), low.index, gib(margin),
+                                                                         gib(spare)))
         return
     yield Finding("unused_gpu_memory", "warning",
                   "{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
                   "{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
                   "the KV pool could use{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), gain),
-                  spare, (h.evidence,))
+                  spare, (h.evidence,),
+                  proof="{} free after startup − {} margin = {}".format(gib(h.free_bytes), gib(margin), gib(spare)))
 
 
 def _quoted_gain(ctx: "Context", found: Spare) -> str:
@@ -341,11 +344,13 @@ def _low_headroom(ctx: "Context", h: Headroom, margin: int) -> Finding:
         return Finding("low_headroom", "warning", "Only {} free on GPU {}, below the {} margin".format(
             gib(h.free_bytes), h.gpu.index, gib(margin)),
             "{}. Out-of-memory errors under load are likely; give memory back with a lower "
-            "{}.".format(h.how, budget_flag(ctx)), h.free_bytes, (h.evidence,))
+            "{}.".format(h.how, budget_flag(ctx)), h.free_bytes, (h.evidence,),
+            proof="{} left on GPU {} < {} margin".format(gib(h.free_bytes), h.gpu.index, gib(margin)))
     return Finding("low_headroom", "warning",
                    "Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
                    "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
-                   "come out of this; out-of-memory errors under load are likely.", h.free_bytes, (h.evidence,))
+                   "come out of this; out-of-memory errors under load are likely.", h.free_bytes, (h.evidence,),
+                   proof="{} free after startup < {} margin".format(gib(h.free_bytes), gib(margin)))
 
 
 def rank_imbalance(ctx: "Context") -> Iterator[Finding]:

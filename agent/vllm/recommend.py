@@ -24,24 +24,24 @@ def on_failure(ctx: "Context") -> Iterator[Recommendation]:
         yield Recommendation(flag="--max-model-len", value=str(d["fits_tokens"]), gain_bytes=None, gain_tokens=None,
                              basis="estimated",
                              rationale="vLLM's own figure ({}): {:,} tokens fit in the KV cache, max_model_len {:,} "
-                             "does not.".format(f.where, d["fits_tokens"], d["max_model_len"]))
+                             "does not.".format(f.where, d["fits_tokens"], d["max_model_len"]), fixes="startup_failed")
         if str(a.kv_cache_dtype).lower() in ("bfloat16", "float16", "half", "bf16", "fp16"):
             yield Recommendation(flag="--kv-cache-dtype", value="fp8", gain_bytes=None, gain_tokens=None,
                                  basis="estimated",
                                  rationale="An 8-bit KV cache holds about twice the tokens of a 16-bit one in the same "
-                                 "memory (quality cost is model-dependent).")
+                                 "memory (quality cost is model-dependent).", fixes="startup_failed")
     elif f.cause == "insufficient_free_memory" and d.get("total_bytes"):
         u = math.floor(d["free_bytes"] / d["total_bytes"] * 100) / 100
         yield Recommendation(flag="--gpu-memory-utilization", value="{:.2f}".format(u), gain_bytes=None,
                              gain_tokens=None, basis="estimated",
                              rationale="Free {} of {} at worker start ({}): the largest budget that passes the check "
                              "is free / total; or free the memory other processes hold.".format(
-                                 gib(d["free_bytes"]), gib(d["total_bytes"]), f.where))
+                                 gib(d["free_bytes"]), gib(d["total_bytes"]), f.where), fixes="startup_failed")
     elif f.cause == "cuda_out_of_memory" and f.stage == "graph_capture" and a.era.graphs_inside is False:
         yield Recommendation(flag="--enforce-eager", value="", gain_bytes=None, gain_tokens=None, basis="estimated",
                              rationale="The OOM came during CUDA graph capture, which in this era sits outside the "
                              "budget; eager mode needs no graph memory (or lower --gpu-memory-utilization by the "
-                             "graph size).")
+                             "graph size).", fixes="startup_failed")
 
 
 def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
@@ -67,7 +67,8 @@ def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
                          gain_tokens=tokens, basis="measured" if h.measured else "estimated",
                          rationale=_resize_rationale(ctx, a, found, new, gain, cuda_total, flags),
                          gain_requests=gain_requests(cap[0] if cap else None, tokens or 0, a.max_model_len,
-                                                     a.options.request_tokens, _slots(a)))
+                                                     a.options.request_tokens, _slots(a)),
+                         fixes="unused_gpu_memory" if gain > 0 else "low_headroom")
 
 
 def _resize_rationale(ctx: "Context", a: Analysis, found: Spare, new: float, gain: int, cuda_total: Optional[int],
