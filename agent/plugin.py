@@ -58,6 +58,11 @@ class EngineAnalysis(Protocol):
     def kv_change(self, delta: int, cuda_total: Optional[int] = None,
                   flags: Optional[Dict[str, Any]] = None) -> Optional[Any]: ...  # noqa: E704
 
+    # (why, action) when kv_change gives none: a margin beyond the GPU, a cut that would leave no KV
+    # cache, a log that lacks the budget's inputs; ("", "") when it gives one, or when nothing needs saying
+    def why_no_kv_change(self, delta: int, live: bool, cuda_total: Optional[int] = None,
+                         flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]: ...  # noqa: E704
+
 
 @dataclass(frozen=True)
 class LoadMetrics:

@@ -81,6 +81,41 @@ def _target(argv):
     return run_json(argv)[1]["targets"][0]
 
 
+def test_a_margin_beyond_the_gpu_is_said_not_turned_into_a_negative_fraction():
+    t = _target(["analyze", str(SEED_LOG), "--model-config", str(SEED_CONFIG), "--margin", "200GiB"])
+    assert _rec(t, "--mem-fraction-static") is None  # was --mem-fraction-static -1.191
+    assert _finding(t, "low_headroom")["detail"].endswith(
+        "out-of-memory errors under load are likely; no --mem-fraction-static keeps the 200.00 GiB margin: it is "
+        "more than the 94.04 GiB the GPU had free before the weights loaded.")
+    v = t["verdict"]
+    assert (v["cause_finding"], v["action_recommendation"]) == ("low_headroom", None)
+    assert v["action"] == ("none: the 200.00 GiB margin exceeds the GPU (94.04 GiB free before loading); check "
+                           "--margin (from finding low_headroom)")
+    t = _target(["analyze", str(V0_LOG), "--margin", "200GiB"])
+    assert _rec(t, "--gpu-memory-utilization") is None
+    assert t["verdict"]["action"] == ("none: the 200.00 GiB margin exceeds the GPU (79.19 GiB total); check --margin "
+                                      "(from finding low_headroom)")
+
+
+def test_a_cut_that_would_leave_no_kv_pool_is_not_advised():
+    """5.31 GiB free, a 20 GiB margin: giving back 14.69 GiB is more than the 10.43 GiB KV budget holds."""
+    t = _target(["analyze", str(SEED_LOG), "--model-config", str(SEED_CONFIG), "--margin", "20GiB"])
+    assert _rec(t, "--mem-fraction-static") is None
+    assert "no --mem-fraction-static keeps the 20.00 GiB margin: giving back 14.69 GiB would leave no KV budget (it " \
+        "is 10.43 GiB)" in _finding(t, "low_headroom")["detail"]
+    assert t["verdict"]["action"] == ("none: no --mem-fraction-static keeps a 20.00 GiB margin and a KV pool; use more "
+                                      "GPUs (--tp-size) or check --margin")
+
+
+def test_fraction_flags_are_only_ever_advised_inside_zero_one():
+    for log in (["analyze", str(SEED_LOG), "--model-config", str(SEED_CONFIG)], ["analyze", str(V0_LOG)]):
+        for margin in ("0", "0.5", "2", "5", "8", "12", "15", "20", "50", "78", "79.5", "95", "200"):
+            t = _target(log + ["--margin", margin + "GiB"])
+            for r in t["recommendations"]:
+                if r["flag"] in ("--mem-fraction-static", "--gpu-memory-utilization"):
+                    assert 0 < float(r["value"]) < 1, (margin, r)
+
+
 def test_vllm_raise_arithmetic_adds_up_and_says_where_it_rounds():
     """15.20 GiB − 2.00 GiB = 13.20 GiB spare; 0.8 + 13.20/79.19 = 0.966…, rounded down to 0.96; 0.16 ×
     79.19 GiB = 12.67 GiB: every step of the text is there, the rounding where it is applied."""

@@ -134,6 +134,20 @@ def test_a_vllm_fragment_is_told_what_to_paste_not_to_read_a_failure():
     assert "failure" not in v["action"]
 
 
+def test_unused_memory_this_log_cannot_size_says_what_would():
+    """22: the tail of a startup, 37.06 GiB free and no figure before the weights load."""
+    t = _target(["analyze", str(REAL_SGLANG / "22_untagged-tail-complete-large-headroom.log")])
+    v = t["verdict"]
+    assert (v["cause_finding"], v["cause"]) == (
+        "unused_gpu_memory", "35.06 GiB of GPU memory sits unused on every GPU after startup.")
+    assert v["proof"] == "37.06 GiB free after startup − 2.00 GiB margin = 35.06 GiB"
+    assert v["action"] == ("this log cannot size a raise: paste the startup from `server_args=` to the "
+                           "`max_total_num_tokens=` line, or run `kvforensics inspect`")
+    assert _finding(t, "unused_gpu_memory")["detail"].endswith(
+        "leaves 35.06 GiB the KV pool could use; this log cannot size a --mem-fraction-static raise (it lacks "
+        "mem_fraction_static, the free memory before the weights load and the KV bytes per token).")
+
+
 def test_failure_proofs_quote_the_log_verbatim_and_never_cut_a_figure():
     v = _target(["analyze", str(REAL_SGLANG / "21_compose-prefix-gemma3-tp2-oom-in-kv-pool.log")])["verdict"]
     assert v["proof"] == ("line 15: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 MiB. GPU 0 "

@@ -154,6 +154,10 @@ class ToyAnalysis:
     def kv_change(self, delta: int, cuda_total: Optional[int] = None, flags: Optional[Dict[str, Any]] = None) -> None:
         return None
 
+    def why_no_kv_change(self, delta: int, live: bool, cuda_total: Optional[int] = None,
+                         flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
+        return "", ""
+
 
 def build_analysis(startup: ToyStartup, target: str, opts: Options, index: Optional[int], count: Optional[int],
                    reader_notes: Tuple[str, ...], fallback_args: Optional[Dict[str, Any]]) -> ToyAnalysis:

@@ -5,10 +5,11 @@ describes (``failed``, ``complete``, ``summary.max_total_num_tokens``, ``ranks[]
 and chooses, in this order:
 
 * the cause: the startup's headline (failed, or a fragment), else what breaks the node (a
-  critical or error finding: a lost GPU, leaked memory), else the finding the best action fixes
-  (``Recommendation.fixes``: unused memory, low headroom, what bounds concurrency), else the finding
-  with advice of its own, else the explanation of the KV size (``mem_fraction_semantics``; vLLM's
-  ``gpu_memory_utilization_semantics``), else the most severe finding;
+  critical or error finding: a lost GPU, leaked memory), else less free memory than the margin (an
+  out-of-memory risk comes before any gain), else the finding the best action fixes
+  (``Recommendation.fixes``: unused memory, what bounds concurrency), else the finding with advice of
+  its own (unused memory this log cannot size), else the explanation of the KV size
+  (``mem_fraction_semantics``; vLLM's ``gpu_memory_utilization_semantics``), else the most severe finding;
 * the proof: for a cause about memory or concurrency, the KV explanation's figures (why the pool is
   what it is) first, then the cause's own; else the cause's own figures;
 * the action: the first recommendation when it fixes the cause, else what the cause says to do first (a
@@ -80,6 +81,9 @@ def key_finding(findings: Sequence[Finding],
     worst = max(findings, key=lambda f: severity_rank(f.severity))
     if severity_rank(worst.severity) >= severity_rank("error"):
         return worst
+    short = next((f for f in findings if f.code == "low_headroom"), None)
+    if short is not None:  # an out-of-memory risk comes before any gain
+        return short
     fixed = _fixed_by(recommendations, findings)
     if fixed is not None:
         return fixed

@@ -292,18 +292,21 @@ class Analysis:
         ``delta_bytes``: u + delta/T rounded down to 0.01 (so a raise never takes more than the spare, and a
         cut gives back at least the shortfall). In every era the budget is T·u, so the KV memory moves by
         the budget's move (0.20+ graphs sit inside it, still a constant). u is ``fraction``'s; T is NVML's
-        ``cuda_total`` on a live node, else the log's."""
+        ``cuda_total`` on a live node, else the log's. None when the value would leave (0, 1), or when a cut
+        would leave no KV cache (``why_no_kv_change`` says why)."""
         got = self.fraction(flags or {})
         w = self.sized_worker()
         total = cuda_total or (w.total_gpu_bytes if w is not None else None)
-        if got is None or not total:
+        if got is None or not total or not delta_bytes:
             return None
         u = got[0]
-        if not delta_bytes:
-            return None
         new = math.floor((u + delta_bytes / total) * 100 + 1e-9) / 100
-        new = min(max(new, 0.01), 1.0)
+        if not 0 < new < 1:
+            return None
         gain = int(round((new - u) * total))
+        kv = self.binding()
+        if gain < 0 and kv is not None and kv.available_kv_bytes is not None and -gain >= kv.available_kv_bytes:
+            return None
         return (new, gain) if gain else None
 
     def kv_capacity(self) -> Optional[Tuple[int, int, str]]:
@@ -375,6 +378,42 @@ class Analysis:
             return None
         return KvChange(flag="--gpu-memory-utilization", value="{:.2f}".format(new), gain_bytes=gain,
                         gain_tokens=tokens, rounding=UTILIZATION_ROUNDING)
+
+    def why_no_kv_change(self, delta_bytes: int, live: bool, cuda_total: Optional[int] = None,
+                         flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
+        """(why, action) when no --gpu-memory-utilization moves the budget by ``delta_bytes``; ("", "") when
+        one does (also when only its tokens are unknown: the change is still advised, in bytes)."""
+        if self.utilization_for(delta_bytes, cuda_total, flags) is not None:
+            return "", ""
+        flag, margin = "--gpu-memory-utilization", self.options.margin_bytes
+        w = self.sized_worker()
+        total = cuda_total or (w.total_gpu_bytes if w is not None else None)
+        if delta_bytes < 0 and total and margin >= total:
+            return ("no {} keeps the {} margin: it is more than the GPU's {} total".format(flag, gib(margin),
+                                                                                        gib(total)),
+                    "none: the {} margin exceeds the GPU ({} total); check --margin".format(gib(margin), gib(total)))
+        if total and self.fraction(flags or {}) is not None:
+            return self._why_no_cut(delta_bytes) if delta_bytes < 0 else ("", "")  # a raise under the 0.01 step
+        if self.fixed_kv_size(flags or {}):
+            return ("--kv-cache-memory-bytes sets the KV cache, so {} sizes nothing".format(flag),
+                    "none from this log: --kv-cache-memory-bytes sets the KV cache, not {}".format(flag))
+        paste = "pass the whole startup with --log" if live else \
+            "paste the startup up to 'init engine … took' or the API server's ready line, or run `kvforensics inspect`"
+        return ("this log cannot size {} (it prints no {})".format(
+                    "a {} raise".format(flag) if delta_bytes > 0 else "a lower " + flag,
+                    "gpu_memory_utilization" if total else "device total"),
+                "this log cannot size {}: {}".format("a raise" if delta_bytes > 0 else "a cut", paste))
+
+    def _why_no_cut(self, delta_bytes: int) -> Tuple[str, str]:
+        """A cut ``utilization_for`` refused: below 0, or at least the whole KV cache."""
+        kv = self.binding()
+        if kv is None or not kv.available_kv_bytes:
+            return "", ""
+        flag, margin = "--gpu-memory-utilization", self.options.margin_bytes
+        return ("no {} keeps the {} margin: giving back {} would leave no KV cache (it is {})".format(
+                    flag, gib(margin), gib(-delta_bytes), gib(kv.available_kv_bytes)),
+                "none: no {} keeps a {} margin and a KV cache; use more GPUs (--tensor-parallel-size) or check "
+                "--margin".format(flag, gib(margin)))
 
     def headroom(self) -> Tuple[Optional[int], str]:
         """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget − the
