@@ -53,7 +53,15 @@ class EngineAnalysis(Protocol):
 
     def headroom(self) -> Tuple[Optional[int], str]: ...  # noqa: E704 - free bytes after startup, and its source
 
-    def kv_change(self, delta: int) -> Optional[Any]: ...  # noqa: E704 - the flag change that moves the KV budget
+    # the flag change that moves the KV budget by about delta; on a live node with the GPU's CUDA total
+    # (NVML total − reserved) and the running server's flags, for an engine whose budget they size
+    def kv_change(self, delta: int, cuda_total: Optional[int] = None,
+                  flags: Optional[Dict[str, Any]] = None) -> Optional[Any]: ...  # noqa: E704
+
+    # (why, action) when kv_change gives none: a margin beyond the GPU, a cut that would leave no KV
+    # cache, a log that lacks the budget's inputs; ("", "") when it gives one, or when nothing needs saying
+    def why_no_kv_change(self, delta: int, live: bool, cuda_total: Optional[int] = None,
+                         flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]: ...  # noqa: E704
 
 
 @dataclass(frozen=True)

@@ -417,9 +417,25 @@ def test_a_run_that_collects_nothing_is_not_a_success(tmp_path, monkeypatch):
                               "--no-http", "--prom-file", str(prom)])
     fams = _families(prom)
     assert _sample(fams, "kvforensics_collector_success", collector="nvml").value == 0
-    if code == 3:  # this machine has no SGLang engine either: nothing at all was collected
-        assert "kvforensics_last_success_timestamp_seconds" not in fams
-        assert "collected nothing" in err and "recorded" not in out
+    assert code == 3  # README "Exit codes": nothing could be collected (here: no GPU memory at all)
+    if "collected nothing" in err:  # this machine has no host memory figures nor engine either
+        assert "kvforensics_last_success_timestamp_seconds" not in fams and "recorded" not in out
+
+
+def test_record_without_nvml_says_what_was_missing_and_exits_3(tmp_path):
+    """record keeps GPU memory history: a run that sampled no GPU says why in one line on stderr, also with
+    --quiet (cron mails it), and exits 3; the sample and the textfile are still written (the nvml collector
+    fails there, for KvforensicsCollectorFailing)."""
+    lib = tmp_path / "absent.so"
+    for quiet in ([], ["--quiet"]):
+        code, out, err = run_cli(["record", "--db", str(tmp_path / "h.db"), "--nvml-lib", str(lib), "--no-http",
+                                  "--prom-file", str(tmp_path / "k.prom")] + quiet)
+        assert code == 3
+        line = "kvforensics: record sampled no GPU (cannot load {0}: {0}: cannot open shared object file: No such " \
+            "file or directory): the samples hold host memory and engine processes only\n".format(lib)
+        assert err == line or "collected nothing" in err  # (a machine without /proc/meminfo: nothing at all)
+        assert out.startswith("recorded 1 sample(s) into ") if not quiet else out == ""
+        assert (tmp_path / "k.prom").exists()
 
 
 def test_the_low_water_alert_reads_this_runs_minimum_and_the_margin(node, tmp_path):

@@ -145,7 +145,7 @@ def test_the_default_report_is_the_answer_on_one_screen(monkeypatch):
     lines = out.splitlines()
     assert code == 1 and err == "" and len(lines) <= 40 and all(len(x) <= 80 for x in lines)
     assert lines[1] == "Why is the KV cache 10.42 GiB per rank (159,277 tokens)?"
-    assert any(x.startswith("  memory  3.31 GiB of GPU memory sits unused") for x in lines[:9])
+    assert any(x.startswith("  cause   3.31 GiB of GPU memory sits unused") for x in lines[:9])
     assert any(x.startswith("  action  --mem-fraction-static 0.915") for x in lines[:9])
     assert "WARNING  3.31 GiB of GPU memory sits unused on every GPU after startup" in lines
     assert "1. --mem-fraction-static 0.915: +50,291 KV tokens, +6 requests (estimated)" in lines

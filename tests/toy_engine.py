@@ -151,8 +151,12 @@ class ToyAnalysis:
     def headroom(self) -> Tuple[Optional[int], str]:
         return None, ""
 
-    def kv_change(self, delta: int) -> None:
+    def kv_change(self, delta: int, cuda_total: Optional[int] = None, flags: Optional[Dict[str, Any]] = None) -> None:
         return None
+
+    def why_no_kv_change(self, delta: int, live: bool, cuda_total: Optional[int] = None,
+                         flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
+        return "", ""
 
 
 def build_analysis(startup: ToyStartup, target: str, opts: Options, index: Optional[int], count: Optional[int],

@@ -78,8 +78,16 @@ def record(
             prometheus.write(prom_file, metrics_registry(result))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
-    if result.inspection.collected_nothing:  # say so even with --quiet: cron mails it
-        why = "; ".join(p.message for p in result.inspection.problems[:3]) or "no GPU, no engine, no host memory"
+    _say_outcome(result, path, prom_file, quiet)
+
+
+def _say_outcome(result, path: str, prom_file: Optional[str], quiet: bool) -> None:  # type: ignore[no-untyped-def]
+    """The run in one line on stdout (unless --quiet); what could not be collected in one line on stderr, even
+    with --quiet (cron mails it), and exit 3 (README "Exit codes"): nothing at all, or no GPU (record keeps
+    GPU memory history, so a run without NVML did not do its job)."""
+    insp = result.inspection
+    if insp.collected_nothing:
+        why = "; ".join(p.message for p in insp.problems[:3]) or "no GPU, no engine, no host memory"
         sys.stderr.write("kvforensics: record collected nothing on this node ({}); the sample says so and "
                          "last_success is not updated\n".format(why))
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
@@ -91,6 +99,12 @@ def record(
             ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else "",
             "; pruned {}".format(result.pruned) if result.pruned else "",
             "; wrote {}".format(prom_file) if prom_file else ""))
+    nvml = insp.snapshot.nvml
+    if nvml.unavailable or not insp.gpus:
+        why = "; ".join(p.message for p in nvml.problems) or "NVML reports no GPU"
+        sys.stderr.write("kvforensics: record sampled no GPU ({}): the samples hold host memory and engine "
+                         "processes only\n".format(why))
+        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
 
 
 def keep_seconds(keep: Optional[str]) -> Optional[float]:

@@ -4,15 +4,16 @@ and a live node answer (is memory unused, are ranks unbalanced, what bounds conc
 Each rule is one function of the ``Context``: with a live node it measures (NVML now, or the
 engine run's recorded low-water mark); from a log alone it uses the startup's own figures. The
 engine's analysis is read through a small protocol every engine provides: ``failed``,
-``headroom()``, ``kv_change(delta)``, ``budget.cell_bytes``, ``server_args``, ``summary`` (``max_total_num_tokens``,
-``max_running_requests``, ``context_len``, ``source``), ``ranks`` (``rank``, ``target.
-post_load_avail_bytes``, ``target.sources``) and ``engine_warnings(kind)`` ((text, evidence) pairs).
+``headroom()``, ``kv_change(delta, cuda_total, flags)``, ``why_no_kv_change(…)``, ``budget.cell_bytes``,
+``server_args``, ``summary`` (``max_total_num_tokens``, ``max_running_requests``, ``context_len``,
+``source``), ``ranks`` (``rank``, ``target.post_load_avail_bytes``, ``target.sources``) and
+``engine_warnings(kind)`` ((text, evidence) pairs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from agent.model.live import GpuLedger, Inspection, Owner
 from agent.model.records import Finding, KvChange
@@ -38,6 +39,22 @@ def worth_it(gain_tokens: Optional[int], pool_tokens: Optional[int]) -> bool:
     if gain_tokens is None or gain_tokens <= 0:
         return False
     return pool_tokens is None or gain_tokens >= MIN_GAIN_POOL_SHARE * pool_tokens
+
+
+def gain_requests(pool_tokens: Optional[int], gain_tokens: int, context_len: Optional[int], request_tokens: int,
+                  slots: Optional[int] = None) -> Dict[str, Optional[int]]:
+    """More requests that fit at once when a pool of ``pool_tokens`` KV tokens gains ``gain_tokens``: at
+    context_len and at --request-tokens, capped by the request slots when the engine has a known count."""
+    if pool_tokens is None:
+        return {"at_context_len": None, "at_request_tokens": None}
+    cap = slots or 10**9
+    t = pool_tokens
+
+    def more(length: int) -> int:
+        return min(cap, (t + gain_tokens) // length) - min(cap, t // length)
+
+    return {"at_context_len": more(context_len) if context_len else None,
+            "at_request_tokens": more(request_tokens)}
 
 
 def engine_model(ctx: "Context") -> Optional[EngineModel]:
@@ -188,6 +205,9 @@ class Spare:
     spare_bytes: int  # beyond the margin; negative: short of it
     change: Optional[KvChange]  # None when the engine's budget inputs are unknown
     worth_it: bool  # spare ≥ UNUSED_WARN_BYTES and the raise adds ≥ MIN_GAIN_POOL_SHARE of the pool
+    # (why, action) when the engine gives no change: the margin exceeds the GPU, a cut would leave no KV
+    # cache, the log lacks the budget's inputs (the engine's ``why_no_kv_change``); ("", "") otherwise
+    no_change: Tuple[str, str] = ("", "")
 
 
 def spare_memory(ctx: "Context") -> Optional[Spare]:
@@ -199,10 +219,24 @@ def spare_memory(ctx: "Context") -> Optional[Spare]:
     if h is None:
         return None
     spare = h.spare(ctx.options.margin_bytes)
-    change = a.kv_change(spare) if a is not None and a.failed is None and spare != 0 else None
+    sized = a is not None and a.failed is None and spare != 0
+    cuda_total, flags = live_sizing(ctx, h)
+    change = a.kv_change(spare, cuda_total, flags) if sized else None
+    no_change = a.why_no_kv_change(spare, ctx.live is not None, cuda_total, flags) if sized and change is None \
+        else ("", "")
     pool = a.summary.max_total_num_tokens if a is not None else None
     worth = spare >= UNUSED_WARN_BYTES and (change is None or worth_it(change.gain_tokens, pool))
-    return Spare(h, spare, change, worth)
+    return Spare(h, spare, change, worth, no_change)
+
+
+def live_sizing(ctx: "Context", h: Headroom) -> Tuple[Optional[int], Optional[Dict[str, Any]]]:
+    """(the CUDA total of the least free GPU: NVML total − reserved, the running server's flags) on a live
+    node, for an engine whose budget is a share of the total; (None, None) from a log."""
+    if ctx.live is None:
+        return None, None
+    g = h.gpu
+    total = g.total_bytes - g.reserved_bytes if g and g.total_bytes and g.reserved_bytes is not None else None
+    return total, live_settings(ctx.live)
 
 
 def cell_bytes(ctx: "Context") -> Optional[int]:
@@ -269,32 +303,39 @@ def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
 
 def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
     """Unused memory beyond the margin worth a flag change (warning), or less free than the margin
-    (low_headroom). The tokens it quotes are the raise's own (``spare_memory``), not a second estimate."""
+    (low_headroom). The tokens it quotes are the raise's own (``spare_memory``), not a second estimate;
+    when the engine cannot size the change, it says why and what to do instead (its ``action``)."""
     found = spare_memory(ctx)
     if found is None:
         return
     h, margin = found.headroom, ctx.options.margin_bytes
     if not found.worth_it:
         if h.free_bytes < margin:
-            yield _low_headroom(ctx, h, margin)
+            yield _low_headroom(ctx, found, margin)
         return
     spare = found.spare_bytes
     gain = _quoted_gain(ctx, found)
+    why, action = found.no_change
+    note = "; " + why if why else ""
     if ctx.live is not None:
         low = h.gpu
         assert low is not None
         yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(
                           gib(spare), len(ctx.live.engine_gpus)),
                       "{} ({} {}). {} sizes every rank alike, so the least free GPU is what can be given to the "
-                      "KV pool. Minus the {} margin: {}{}.".format(h.how, low.rank, low.name or "", engine_name(ctx),
-                                                                   gib(margin), gib(spare), gain),
-                      spare, (h.evidence,))
+                      "KV pool. Minus the {} margin: {}{}{}.".format(h.how, low.rank, low.name or "", engine_name(ctx),
+                                                                     gib(margin), gib(spare), gain, note),
+                      spare, (h.evidence,),
+                      proof="{} left on GPU {} − {} margin = {}".format(gib(h.free_bytes), low.index, gib(margin),
+                                                                         gib(spare)), action=action)
         return
     yield Finding("unused_gpu_memory", "warning",
                   "{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
                   "{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
-                  "the KV pool could use{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), gain),
-                  spare, (h.evidence,))
+                  "the KV pool could use{}{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), gain, note),
+                  spare, (h.evidence,),
+                  proof="{} free after startup − {} margin = {}".format(gib(h.free_bytes), gib(margin), gib(spare)),
+                  action=action)
 
 
 def _quoted_gain(ctx: "Context", found: Spare) -> str:
@@ -308,16 +349,22 @@ def _quoted_gain(ctx: "Context", found: Spare) -> str:
     return " ≈ {:,} more KV tokens{}".format(found.spare_bytes // cell, per_rank) if cell else ""
 
 
-def _low_headroom(ctx: "Context", h: Headroom, margin: int) -> Finding:
+def _low_headroom(ctx: "Context", found: Spare, margin: int) -> Finding:
+    h = found.headroom
+    why, action = found.no_change
     if h.gpu is not None:
         return Finding("low_headroom", "warning", "Only {} free on GPU {}, below the {} margin".format(
             gib(h.free_bytes), h.gpu.index, gib(margin)),
-            "{}. Out-of-memory errors under load are likely; give memory back with a lower "
-            "{}.".format(h.how, budget_flag(ctx)), h.free_bytes, (h.evidence,))
+            "{}. Out-of-memory errors under load are likely; {}.".format(
+                h.how, why or "give memory back with a lower " + budget_flag(ctx)), h.free_bytes, (h.evidence,),
+            proof="{} left on GPU {} < {} margin".format(gib(h.free_bytes), h.gpu.index, gib(margin)), action=action)
     return Finding("low_headroom", "warning",
                    "Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
                    "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
-                   "come out of this; out-of-memory errors under load are likely.", h.free_bytes, (h.evidence,))
+                   "come out of this; out-of-memory errors under load are likely{}.".format("; " + why if why else ""),
+                   h.free_bytes, (h.evidence,),
+                   proof="{} free after startup < {} margin".format(gib(h.free_bytes), gib(margin)),
+                   action=action)
 
 
 def rank_imbalance(ctx: "Context") -> Iterator[Finding]:

@@ -48,6 +48,9 @@ class Recommendation:
     basis: str  # "measured" | "estimated"
     rationale: str
     gain_requests: Dict[str, Optional[int]] = field(default_factory=dict)  # "at_context_len", "at_request_tokens"
+    # The finding it answers ("unused_gpu_memory", "low_headroom", "concurrency_bound", "startup_failed"), or
+    # "" for none: when it is the report's best action, that finding is the verdict's cause.
+    fixes: str = ""
 
 
 @dataclass(frozen=True)

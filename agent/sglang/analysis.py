@@ -21,6 +21,7 @@ from agent.sglang.ledger import RankLedger, ledgers
 from agent.sglang.stages import Failure, Progress
 from collectors.events import LogEvent
 from collectors.sglang.startups import Startup
+from collectors.units import gib
 
 
 @dataclass(frozen=True)
@@ -97,18 +98,58 @@ class Analysis:
         value, r = min(finals, key=lambda x: x[0])
         return value, "{} {}".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
 
-    def kv_change(self, delta_bytes: int) -> Optional[KvChange]:
+    def kv_change(self, delta_bytes: int, cuda_total: Optional[int] = None,
+                  flags: Optional[Dict[str, Any]] = None) -> Optional[KvChange]:
         """The --mem-fraction-static that moves every rank's KV pool by at most ``delta_bytes``
-        (negative: gives memory back), with what it really moves; None without the budget's inputs, or
-        when the fraction would reach 1 (a live node whose free memory the log's budget cannot explain)."""
+        (negative: gives memory back), with what it really moves; None without the budget's inputs, when
+        the fraction would reach 1 (a live node whose free memory the log's budget cannot explain), or when
+        a cut would leave no KV budget (``why_no_kv_change`` says which). The fraction multiplies the free
+        memory before the weights load, so the GPU's total and the live flags size nothing here."""
         b = self.budget
         if b.mfs is None or not b.pre_min_bytes or not b.cell_bytes:
             return None
         new, gain, tokens = budget_mod.mem_fraction_change(b, delta_bytes)
         if new >= 1:  # more spare than the whole reserve: the log does not describe this node's memory now
             return None
+        if new <= max(0.0, self._no_kv_fraction() or 0.0):  # the flag is a fraction in (0, 1) that leaves a pool
+            return None
         return KvChange(flag="--mem-fraction-static", value="{:.3f}".format(new), gain_bytes=gain, gain_tokens=tokens,
                         rounding=budget_mod.MFS_ROUNDING)
+
+    def _no_kv_fraction(self) -> Optional[float]:
+        """The --mem-fraction-static at or below which the KV budget is ≤ 0: rest = post − pre × (1 − f)
+        (model_runner.py profile_max_num_token), so f ≤ 1 − post/pre leaves nothing for the pool."""
+        b = self.budget
+        return 1 - b.post_min_bytes / b.pre_min_bytes if b.pre_min_bytes and b.post_min_bytes else None
+
+    def why_no_kv_change(self, delta_bytes: int, live: bool, cuda_total: Optional[int] = None,
+                         flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
+        """(why, action) when ``kv_change(delta_bytes)`` gives no --mem-fraction-static; ("", "") when it gives one."""
+        b, margin, flag = self.budget, self.options.margin_bytes, "--mem-fraction-static"
+        if self.kv_change(delta_bytes) is not None:
+            return "", ""
+        if delta_bytes < 0 and b.pre_min_bytes and margin >= b.pre_min_bytes:
+            return ("no {} keeps the {} margin: it is more than the {} the GPU had free before the weights "
+                    "loaded".format(flag, gib(margin), gib(b.pre_min_bytes)),
+                    "none: the {} margin exceeds the GPU ({} free before loading); check --margin".format(
+                        gib(margin), gib(b.pre_min_bytes)))
+        floor = self._no_kv_fraction()
+        if delta_bytes < 0 and b.mfs is not None and floor is not None and b.pre_min_bytes and b.cell_bytes:
+            return ("no {} keeps the {} margin: giving back {} would leave no KV budget (it is {})".format(
+                        flag, gib(margin), gib(-delta_bytes), gib(int((b.mfs - floor) * b.pre_min_bytes))),
+                    "none: no {} keeps a {} margin and a KV pool; use more GPUs (--tp-size) or check "
+                    "--margin".format(flag, gib(margin)))
+        lacks = [what for what, known in (("mem_fraction_static", b.mfs is not None),
+                                          ("the free memory before the weights load", bool(b.pre_min_bytes)),
+                                          ("the KV bytes per token", bool(b.cell_bytes))) if not known]
+        if not lacks:
+            return "", ""
+        change = "a {} raise".format(flag) if delta_bytes > 0 else "a lower {}".format(flag)
+        paste = "pass the whole startup with --log" if live else \
+            "paste the startup from `server_args=` to the `max_total_num_tokens=` line, or run `kvforensics inspect`"
+        lacking = lacks[0] if len(lacks) == 1 else ", ".join(lacks[:-1]) + " and " + lacks[-1]
+        return ("this log cannot size {} (it lacks {})".format(change, lacking),
+                "this log cannot size {}: {}".format("a raise" if delta_bytes > 0 else "a cut", paste))
 
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
         """(text, evidence) of SGLang's own warnings of one kind ("unbalanced", …)."""

@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional
 
 from agent.model.node_rules import Spare, spare_memory, worth_it
+from agent.model.node_rules import gain_requests as node_gain_requests
 from agent.model.records import Recommendation
 from agent.sglang.analysis import Analysis
 from agent.sglang.hicache import MIN_HICACHE_GB, host_offload
@@ -29,18 +30,8 @@ _HALF_PRECISION = ("bf16", "bfloat16", "float16", "fp16", "half", "auto", "torch
 def gain_requests(a: Analysis, gain_tokens: int) -> Dict[str, Optional[int]]:
     """More requests that fit at once: at context_len and at --request-tokens (slot-capped)."""
     s = a.summary
-    t = s.max_total_num_tokens
-    if t is None:
-        return {"at_context_len": None, "at_request_tokens": None}
-    slots = s.max_running_requests or 10**9
-    out: Dict[str, Optional[int]] = {}
-    if s.context_len:
-        out["at_context_len"] = min(slots, (t + gain_tokens) // s.context_len) - min(slots, t // s.context_len)
-    else:
-        out["at_context_len"] = None
-    n = a.options.request_tokens
-    out["at_request_tokens"] = min(slots, (t + gain_tokens) // n) - min(slots, t // n)
-    return out
+    return node_gain_requests(s.max_total_num_tokens, gain_tokens, s.context_len, a.options.request_tokens,
+                              s.max_running_requests)
 
 
 def mem_fraction(ctx: "Context") -> Iterator[Recommendation]:
@@ -71,7 +62,7 @@ def _estimated_raise(a: Analysis, found: Spare) -> Recommendation:
         "not (kvforensics record keeps low-water marks).".format(
             gib(h.free_bytes), h.how, gib(a.options.margin_bytes), gib(found.spare_bytes), c.value, b.mfs,
             gib(b.pre_min_bytes), gib(c.gain_bytes), c.gain_tokens, b.cell_bytes, draft_note, c.rounding),
-        gain_requests=gain_requests(a, c.gain_tokens))
+        gain_requests=gain_requests(a, c.gain_tokens), fixes="unused_gpu_memory")
 
 
 def _measured_raise(ctx: "Context", a: Analysis, found: Spare) -> Recommendation:
@@ -87,7 +78,7 @@ def _measured_raise(ctx: "Context", a: Analysis, found: Spare) -> Recommendation
         "{}) → {:+,} tokens per rank at {:,} B/token.{}".format(
             h.how, gib(found.spare_bytes), gib(ctx.options.margin_bytes), c.flag, c.value,
             float(c.value) - b.mfs, gib(b.pre_min_bytes), gib(c.gain_bytes), c.rounding, c.gain_tokens,
-            b.cell_bytes, caveat), gain_requests=gain_requests(a, c.gain_tokens))
+            b.cell_bytes, caveat), gain_requests=gain_requests(a, c.gain_tokens), fixes="unused_gpu_memory")
 
 
 def _lower_mem_fraction(ctx: "Context", a: Analysis, found: Spare) -> Recommendation:
@@ -99,7 +90,7 @@ def _lower_mem_fraction(ctx: "Context", a: Analysis, found: Spare) -> Recommenda
         basis="measured" if h.measured else "estimated",
         rationale="Only {} {}, below the {} margin: give {} back to runtime activations to avoid out-of-memory errors "
         "under load.".format(gib(h.free_bytes), where, gib(ctx.options.margin_bytes), gib(-c.gain_bytes)),
-        gain_requests=gain_requests(a, c.gain_tokens))
+        gain_requests=gain_requests(a, c.gain_tokens), fixes="low_headroom")
 
 
 def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:
@@ -119,7 +110,15 @@ def fp8_kv_cache(a: Analysis) -> Iterator[Recommendation]:
         rationale="KV is stored in {} ({} B/token); FP8 halves that, so the same {} pool holds ~{:,} tokens instead of "
         "{:,}. Check quality on your evals and that the attention backend supports FP8 KV for this "
         "model.".format(resolved, a.budget.cell_bytes or r.target.bytes_per_token, gib(r.target.kv_bytes),
-                        2 * tokens, tokens), gain_requests=gain_requests(a, tokens))
+                        2 * tokens, tokens), gain_requests=gain_requests(a, tokens),
+        fixes="concurrency_bound" if _tokens_bind(a) else "")
+
+
+def _tokens_bind(a: Analysis) -> bool:
+    """KV tokens, not request slots, bound concurrency (node_rules.concurrency_bound's test): more tokens help."""
+    s = a.summary
+    t, r = s.max_total_num_tokens, s.max_running_requests
+    return t is not None and (r is None or t // a.options.request_tokens < r)
 
 
 HICACHE_POOL_RATIO = 2  # offline, the host tier is sized at twice the GPU pool (host RAM is not in a log)
@@ -186,7 +185,8 @@ def max_running_requests(a: Analysis) -> Iterator[Recommendation]:
         "uses the pool you already have; the req_to_token table grows by {} per extra slot.".format(
             fit, a.options.request_tokens, s.max_running_requests,
             gib(4 * s.context_len) if s.context_len else "4 B × context_len"),
-        gain_requests={"at_context_len": 0, "at_request_tokens": fit - s.max_running_requests})
+        gain_requests={"at_context_len": 0, "at_request_tokens": fit - s.max_running_requests},
+        fixes="concurrency_bound")
 
 
 def cuda_graph_max_bs(a: Analysis) -> Iterator[Recommendation]:
@@ -233,14 +233,14 @@ def startup_failure_fix(a: Analysis) -> Iterator[Recommendation]:
             gain_tokens=None, basis="estimated",
             rationale="The minimum that leaves any KV budget is {:.4f}; {:.2f} gives the pool {}. If that is too "
             "small, spread the weights over more GPUs (--tp-size) or use a quantised checkpoint.".format(
-                floor, new, gib((new - floor) * b.pre_min_bytes)))
+                floor, new, gib((new - floor) * b.pre_min_bytes)), fixes="startup_failed")
     elif cause == "cuda_graph_capture_failed" or (cause == "cuda_out_of_memory" and f.stage == "graph_capture"):
         bs = a.server_args.get("cuda_graph_max_bs")
         value = str(max(1, bs // 2)) if isinstance(bs, int) else "a smaller value"
         yield Recommendation(flag="--cuda-graph-max-bs", value=value, gain_bytes=None, gain_tokens=None,
                              basis="estimated",
                              rationale="Graph capture ran out of the reserve; fewer captured batch sizes need less. "
-                             "Alternatively lower --mem-fraction-static by 0.02–0.05.")
+                             "Alternatively lower --mem-fraction-static by 0.02–0.05.", fixes="startup_failed")
 
 
 def _on_startup(rec: Callable[[Analysis], Iterable[Recommendation]]) -> Callable[["Context"], Iterable[Recommendation]]:

@@ -72,7 +72,7 @@ def startup_failed(a: Analysis) -> Iterator[Finding]:
         detail += " Requested {:.2f} GB, free {:.2f} GB (decimal GB, per rank).".format(
             f.data["requested_bytes"] / 1e9, f.data["free_bytes"] / 1e9)
     free, at = a.last_free_seen()
-    proof = "{}{} ({}{})".format(f.message[:1].upper(), f.message[1:], f.rank + " " if f.rank else "", f.where)
+    proof = "{}{}: {}".format(f.rank + " " if f.rank else "", f.where, f.message)  # the log's words, verbatim
     if free is not None and f.cause not in ("host_memory_short",):
         detail += " The last free figure before it: {} ({}); that memory was not left over, the startup died.".format(
             gib(free), at)

@@ -24,6 +24,7 @@ from agent.model.records import Finding, KvChange, Options, Problem, Recommendat
 from agent.vllm import kv_geometry
 from collectors.events import LogEvent
 from collectors.lineformat import Version
+from collectors.units import gib
 from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES
 from collectors.vllm.startups import Startup
 
@@ -37,6 +38,8 @@ ERAS = (  # (name, since, until, graphs inside the budget)
 # One process's CUDA context, which no vLLM line prints: 527 MiB of free memory on an H200 with driver
 # 580.159 (bench/RESULTS.md, gpu-check 2026-11-30; NVML charged the process 518 MiB beyond its allocation).
 CUDA_CONTEXT_BYTES = 527 << 20
+UTILIZATION_ROUNDING = ("--gpu-memory-utilization is u + spare ÷ T rounded down to 0.01, so the budget grows by a "
+                        "little less than the spare, never more (and a cut gives back at least the shortfall)")
 _V1_KINDS = ("available_kv", "kv_tokens", "graph_estimate", "graph_advisory", "suggestion", "graph_pool")
 _V1_FMTS = ("free_short", "maxlen_v1", "engine_failed")
 _V0_FMTS = ("profile_takes", "profile_budget", "profile_breakdown", "profile_global", "graph_begin",
@@ -286,32 +289,131 @@ class Analysis:
     def utilization_for(self, delta_bytes: int, cuda_total: Optional[int] = None,
                         flags: Optional[Dict[str, Any]] = None) -> Optional[Tuple[float, int]]:
         """(new --gpu-memory-utilization, bytes it moves per worker) for a budget move of about
-        ``delta_bytes``: u + delta/T rounded down to 0.01. In every era the budget is T·u, so the
-        KV memory moves by the budget's move (0.20+ graphs sit inside it, still a constant). u is
-        ``fraction``'s; T is NVML's ``cuda_total`` on a live node, else the log's."""
+        ``delta_bytes``: u + delta/T rounded down to 0.01 (so a raise never takes more than the spare, and a
+        cut gives back at least the shortfall). In every era the budget is T·u, so the KV memory moves by
+        the budget's move (0.20+ graphs sit inside it, still a constant). u is ``fraction``'s; T is NVML's
+        ``cuda_total`` on a live node, else the log's. None when the value would leave (0, 1), or when a cut
+        would leave no KV cache (``why_no_kv_change`` says why)."""
         got = self.fraction(flags or {})
         w = self.sized_worker()
         total = cuda_total or (w.total_gpu_bytes if w is not None else None)
-        if got is None or not total:
+        if got is None or not total or not delta_bytes:
             return None
         u = got[0]
-        if not delta_bytes:
-            return None
         new = math.floor((u + delta_bytes / total) * 100 + 1e-9) / 100
-        new = min(max(new, 0.01), 1.0)
+        if not 0 < new < 1:
+            return None
         gain = int(round((new - u) * total))
+        kv = self.binding()
+        if gain < 0 and kv is not None and kv.available_kv_bytes is not None and -gain >= kv.available_kv_bytes:
+            return None
         return (new, gain) if gain else None
 
-    def kv_change(self, delta_bytes: int) -> Optional[KvChange]:
-        """The protocol's flag change for a KV budget move, in tokens only where the log gives the
-        bytes per token (before 0.21: available KV ÷ GPU KV cache size)."""
-        moved = self.utilization_for(delta_bytes)
-        cell = self.budget.cell_bytes
-        if moved is None or not cell:
+    def kv_capacity(self) -> Optional[Tuple[int, int, str]]:
+        """(KV tokens, KV bytes, how): what the binding worker's KV memory holds in vLLM's own token count,
+        so a budget move of N bytes is N × tokens ÷ bytes tokens. V1 prints the tokens ('GPU KV cache size',
+        kv_cache_utils.py: blocks × block size, from 0.21 concurrency × max_model_len, both in proportion to
+        the blocks); V0 prints blocks, whose block size its concurrency line implies (executor_base.py
+        initialize_cache: blocks × block_size ÷ max_model_len, printed %.2f). None without the figures, or
+        when num_gpu_blocks_override replaced the profiled count (then the tokens are not the KV memory's)."""
+        w = self.binding()
+        if w is None or not w.available_kv_bytes or w.available_kv_bytes <= 0:
+            return None
+        if any(e.kind == "blocks_override" for e in self.events):
+            return None
+        kv, src = w.available_kv_bytes, w.sources.get("available_kv_bytes", "")
+        if self.kv_cache_tokens:
+            tokens = self._tokens_of(w)
+            if tokens is None:
+                return None
+            return tokens, kv, "GPU KV cache size {:,} tokens ({}) in {} of KV cache memory ({})".format(
+                tokens, self.summary.source, gib(kv), src)
+        size = self.implied_block_size()
+        if size is None or not self.gpu_blocks:
+            return None
+        return self.gpu_blocks * size, kv, "{:,} GPU blocks × {} tokens per block (the size {}'s concurrency " \
+            "implies) in {} of KV cache memory ({})".format(self.gpu_blocks, size, self.concurrency_source, gib(kv),
+                                                           src)
+
+    def _tokens_of(self, w: Worker) -> Optional[int]:
+        """The KV tokens that go with worker ``w``'s KV memory: the binding report when the workers agree
+        (0.12+ gives every worker the least block count, kv_cache_utils.py get_kv_cache_configs), else
+        ``w``'s own report (before 0.12 each worker printed its own); None when ``w`` printed none."""
+        own = {e.rank or "": e.data["tokens"] for e in self.events
+               if e.kind == "kv_tokens" and e.data.get("tokens") is not None}
+        if len(set(own.values())) <= 1:
+            return self.kv_cache_tokens
+        return own.get(w.rank)
+
+    def implied_block_size(self) -> Optional[int]:
+        """The one whole block size for which blocks × size ÷ max_model_len prints as the logged concurrency
+        (V0 executor_base.py initialize_cache; V1 ≤ 0.8 kv_cache_utils.py, before the 'GPU KV cache size' line
+        carried the tokens); None when the line is missing or two sizes fit its 0.01 print rounding."""
+        c, blocks = self.max_concurrency, self.gpu_blocks
+        if not c or not blocks or c.get("times") is None or not c.get("tokens_per_request"):
+            return None
+        lo = (c["times"] - 0.005) * c["tokens_per_request"] / blocks
+        hi = (c["times"] + 0.005) * c["tokens_per_request"] / blocks
+        sizes = range(max(1, math.ceil(lo - 1e-9)), math.floor(hi + 1e-9) + 1)
+        return sizes[0] if len(sizes) == 1 else None
+
+    def kv_tokens_for(self, gain_bytes: int) -> Optional[int]:
+        """The KV tokens a budget move of ``gain_bytes`` per worker adds (negative: removes), rounded toward 0."""
+        cap = self.kv_capacity()
+        if cap is None:
+            return None
+        tokens, kv, _ = cap
+        return gain_bytes * tokens // kv if gain_bytes >= 0 else -((-gain_bytes * tokens) // kv)
+
+    def kv_change(self, delta_bytes: int, cuda_total: Optional[int] = None,
+                  flags: Optional[Dict[str, Any]] = None) -> Optional[KvChange]:
+        """The protocol's flag change for a KV budget move (``utilization_for``, with NVML's CUDA total and
+        the running server's flags on a live node), in tokens where the log gives them (``kv_capacity``)."""
+        moved = self.utilization_for(delta_bytes, cuda_total, flags)
+        if moved is None:
             return None
         new, gain = moved
+        tokens = self.kv_tokens_for(gain)
+        if tokens is None:
+            return None
         return KvChange(flag="--gpu-memory-utilization", value="{:.2f}".format(new), gain_bytes=gain,
-                        gain_tokens=gain // cell, rounding="rounded down to 0.01 of the device total")
+                        gain_tokens=tokens, rounding=UTILIZATION_ROUNDING)
+
+    def why_no_kv_change(self, delta_bytes: int, live: bool, cuda_total: Optional[int] = None,
+                         flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
+        """(why, action) when no --gpu-memory-utilization moves the budget by ``delta_bytes``; ("", "") when
+        one does (also when only its tokens are unknown: the change is still advised, in bytes)."""
+        if self.utilization_for(delta_bytes, cuda_total, flags) is not None:
+            return "", ""
+        flag, margin = "--gpu-memory-utilization", self.options.margin_bytes
+        w = self.sized_worker()
+        total = cuda_total or (w.total_gpu_bytes if w is not None else None)
+        if delta_bytes < 0 and total and margin >= total:
+            return ("no {} keeps the {} margin: it is more than the GPU's {} total".format(flag, gib(margin),
+                                                                                        gib(total)),
+                    "none: the {} margin exceeds the GPU ({} total); check --margin".format(gib(margin), gib(total)))
+        if total and self.fraction(flags or {}) is not None:
+            return self._why_no_cut(delta_bytes) if delta_bytes < 0 else ("", "")  # a raise under the 0.01 step
+        if self.fixed_kv_size(flags or {}):
+            return ("--kv-cache-memory-bytes sets the KV cache, so {} sizes nothing".format(flag),
+                    "none from this log: --kv-cache-memory-bytes sets the KV cache, not {}".format(flag))
+        paste = "pass the whole startup with --log" if live else \
+            "paste the startup up to 'init engine … took' or the API server's ready line, or run `kvforensics inspect`"
+        return ("this log cannot size {} (it prints no {})".format(
+                    "a {} raise".format(flag) if delta_bytes > 0 else "a lower " + flag,
+                    "gpu_memory_utilization" if total else "device total"),
+                "this log cannot size {}: {}".format("a raise" if delta_bytes > 0 else "a cut", paste))
+
+    def _why_no_cut(self, delta_bytes: int) -> Tuple[str, str]:
+        """A cut ``utilization_for`` refused: below 0, or at least the whole KV cache."""
+        kv = self.binding()
+        if kv is None or not kv.available_kv_bytes:
+            return "", ""
+        flag, margin = "--gpu-memory-utilization", self.options.margin_bytes
+        return ("no {} keeps the {} margin: giving back {} would leave no KV cache (it is {})".format(
+                    flag, gib(margin), gib(-delta_bytes), gib(kv.available_kv_bytes)),
+                "none: no {} keeps a {} margin and a KV cache; use more GPUs (--tensor-parallel-size) or check "
+                "--margin".format(flag, gib(margin)))
 
     def headroom(self) -> Tuple[Optional[int], str]:
         """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget − the

@@ -7,7 +7,7 @@ from typing import Iterator
 
 from agent.model.citing import where
 from agent.model.records import Finding
-from agent.vllm.analysis import STAGE_WORDS, Analysis
+from agent.vllm.analysis import STAGE_WORDS, STAGES, Analysis, Worker
 from collectors.units import gib
 
 SHARED_GPU_BYTES = 1 << 30  # used memory at worker start beyond this is more than a CUDA context and NCCL
@@ -15,8 +15,7 @@ SHARED_GPU_BYTES = 1 << 30  # used memory at worker start beyond this is more th
 _CAUSE_WORDS = {
     "insufficient_free_memory": "free GPU memory at worker start was below total × gpu_memory_utilization",
     "max_model_len_too_large": "one request of max_model_len does not fit in the KV cache",
-    "no_kv_memory": "nothing was left for the KV cache (the budget minus weights, activations and non-torch "
-                    "memory is at or below zero)",
+    "no_kv_memory": "weights, activations and non-torch memory took the whole budget (nothing for the KV cache)",
     "memory_freed_during_profiling": "another process freed GPU memory while vLLM profiled",
     "cuda_out_of_memory": "a CUDA allocation ran out of memory",
     "engine_failed": "the engine core failed to start",
@@ -41,7 +40,19 @@ def startup_failed(a: Analysis) -> Iterator[Finding]:
             gib(d["free_bytes"]), gib(d["total_bytes"]), gib(d["requested_bytes"]), d["utilization"])
     yield Finding(code="startup_failed", severity="critical",
                   title="The startup failed during {}: {}".format(stage, explain), detail=detail, bytes=None,
-                  evidence=(f.where,))
+                  evidence=(f.where,), proof=_failure_proof(a))
+
+
+def _failure_proof(a: Analysis) -> str:
+    """The failure's own words, verbatim, where they are; then the KV figure it followed, when there is one."""
+    f = a.failed
+    assert f is not None
+    proof = "{}{}: {}".format(f.rank + " " if f.rank else "", f.where, f.message)
+    w = a.binding()
+    if f.cause == "no_kv_memory" and w is not None and w.available_kv_bytes is not None:
+        proof += "; KV cache memory before it {} ({})".format(gib(w.available_kv_bytes),
+                                                             w.sources.get("available_kv_bytes", ""))
+    return proof
 
 
 def incomplete_startup(a: Analysis) -> Iterator[Finding]:
@@ -52,12 +63,18 @@ def incomplete_startup(a: Analysis) -> Iterator[Finding]:
     else:
         title = "The log stops before the startup finished: the last stage it shows is {} ({})".format(
             STAGE_WORDS[a.stages_seen[-1]], where(a.last_event))
+    seen = a.stages_seen[-1] if a.stages_seen else None
+    missing = [STAGE_WORDS[x] for x in STAGES[STAGES.index(seen) + 1 if seen else 0:]]
     yield Finding(code="incomplete_startup", severity="info", title=title,
                   detail="vLLM's startup continues after this (KV cache allocation, CUDA graph capture, engine ready) "
                   "and may still fail, so this report makes no unused-memory verdict and recommends no "
                   "--gpu-memory-utilization raise. To settle it, include the startup up to 'init engine … took' or "
                   "the API server's ready line.", bytes=None,
-                  evidence=(where(a.last_event),) if a.last_event is not None else ())
+                  evidence=(where(a.last_event),) if a.last_event is not None else (),
+                  proof="{}not shown: {}".format("last stage {} ({}); ".format(STAGE_WORDS[seen], where(a.last_event))
+                                                 if seen and a.last_event is not None else "", ", ".join(missing)),
+                  action="paste the startup up to 'init engine … took' or the API server's ready line, or run "
+                  "`kvforensics inspect` on the node")
 
 
 def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
@@ -87,7 +104,21 @@ def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
                   title="gpu_memory_utilization is a fraction of the GPU's total memory", detail=detail,
                   bytes=w.requested_bytes,
                   evidence=tuple(s for s in (w.sources.get("requested_bytes"), w.sources.get("available_kv_bytes"))
-                                 if s))
+                                 if s), proof=_budget_proof(w))
+
+
+def _budget_proof(w: Worker) -> str:
+    """The budget as the whole GPU's share, what of it the KV cache got, and what lies outside it."""
+    parts = []
+    if w.total_gpu_bytes is not None and w.requested_bytes is not None and w.gpu_memory_utilization is not None:
+        parts.append("T·u = {} × {:g} = {} budget, a share of the whole GPU".format(
+            gib(w.total_gpu_bytes), w.gpu_memory_utilization, gib(w.requested_bytes)))
+    if w.available_kv_bytes is not None:
+        parts.append("{} of it for KV".format(gib(w.available_kv_bytes)) if parts else
+                     "KV cache {}".format(gib(w.available_kv_bytes)))
+    if w.total_gpu_bytes is not None and w.requested_bytes is not None:
+        parts.append("{} outside it".format(gib(w.total_gpu_bytes - w.requested_bytes)))
+    return "; ".join(parts)
 
 
 def cudagraph_outside_budget(a: Analysis) -> Iterator[Finding]:
