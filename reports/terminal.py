@@ -428,9 +428,11 @@ def render_inspections(inspections: Sequence[Inspection], color: bool = True, wi
 
 
 def node_facts(insp: Inspection) -> str:
-    """When, which driver, how many GPUs, how much host RAM."""
+    """Which pod (when the engine runs in one), when, which driver, how many GPUs, how much host RAM."""
     snap = insp.snapshot
-    facts = ["taken {}".format(when(snap.taken_at_unix_s))]
+    pod = snap.selected.pod if snap.selected is not None else None
+    facts = ["pod {}/{} (container {})".format(pod.namespace, pod.name, pod.container or "?")] if pod else []
+    facts.append("taken {}".format(when(snap.taken_at_unix_s)))
     if snap.nvml.driver_version:
         facts.append("driver {}".format(snap.nvml.driver_version))
     facts.append("{} GPU(s)".format(len(insp.gpus)))

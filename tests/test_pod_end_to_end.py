@@ -58,9 +58,12 @@ def test_inspect_names_the_pod_and_reads_its_cri_log_and_its_metrics(tmp_path, d
         with PodVllmNode(tmp_path / "n", node, pod, tp=2, port=port, metrics_text=METRICS.read_text()) as n:
             report = _kvf(node, n.scenario, "inspect", "--json")
             text = _kvf(node, n.scenario, "inspect", "--no-color", "--detail").stdout
+            brief = _kvf(node, n.scenario, "inspect", "--no-color").stdout
             _kvf(node, n.scenario, "record", "--db", str(tmp_path / "h.db"), "--samples", "1",
                  "--prom-file", str(tmp_path / "kvf.prom"))
             pids = dict(n.pids)
+    # the one-screen report names the pod among the node's facts, right under the verdict
+    assert "pod inference/llama-70b-0 (container vllm)" in brief.split("evidence")[1].splitlines()[1]
     doc = json.loads(report.stdout)
     evidence.check("report", doc)
     t = doc["targets"][0]
