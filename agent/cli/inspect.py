@@ -59,8 +59,10 @@ Result = TargetResult
 
 def inspect(
     targets: Annotated[Optional[List[str]],
-                       typer.Argument(help="Hosts: user@host[:port] or ssh config aliases; none or 'local' = this "
-                                           "machine.", show_default=False)] = None,
+                       typer.Argument(help="Hosts: user@host[:port] or ssh config aliases; pods: "
+                                           "k8s:NAMESPACE/POD[/CONTAINER] (through kubectl); none or 'local' = "
+                                           "this machine.",
+                                      show_default=False)] = None,
     hosts_file: Annotated[Optional[str], typer.Option("--hosts-file",
                                                       help="Read targets from a file: one per line, '#' "
                                                            "comments.")] = None,
@@ -100,6 +102,9 @@ def inspect(
                                            help="Deadline per host, in seconds (connect, authenticate, "
                                                 "probe): more than 0, at most 86400.")] = 30.0,
     color: Color = None,
+    context: Annotated[Optional[str], typer.Option("--context",
+                                                   help="The kubeconfig context for k8s: targets (kubectl "
+                                                        "--context).")] = None,
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
     settings = _validate(
@@ -107,7 +112,7 @@ def inspect(
         margin=margin, request_tokens=request_tokens, nvml_lib=nvml_lib, log=log, startup=startup,
         model_config=model_config, save=save, from_file=from_file, http=http, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, parallel=parallel, db=db, engine=engine, timeout=timeout,
-        color=color, identity=identity, sort=sort)
+        color=color, identity=identity, sort=sort, context=context)
     entries = _collect(settings)
     results = _analyse(settings, entries)
     _render(settings, results)
@@ -136,6 +141,7 @@ class InspectSettings:
     parallel: int
     timeout: float
     identity: Optional[str]
+    context: Optional[str]  # kubectl's --context, for k8s: targets
     # How snapshots are analysed and reported.
     db: Optional[str]
     opts: Options
@@ -156,7 +162,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
               model_config: Optional[str], save: Optional[str], from_file: Optional[str], http: bool,
               ssh_config: Optional[str], accept_new_host_keys: bool, parallel: int, db: Optional[str],
               engine: Optional[int], timeout: float, color: Optional[bool], identity: Optional[str],
-              sort: Optional[str]) -> InspectSettings:
+              sort: Optional[str], context: Optional[str] = None) -> InspectSettings:
     """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)
     opts = analysis_options(margin, request_tokens)
@@ -171,6 +177,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     if identity is not None and not os.path.isfile(os.path.expanduser(identity)):
         raise UsageProblem("--identity {}: no such key file".format(identity))
     check_log_spec(log)
+    _check_context(context)
     names = _target_names(targets, hosts_file)
     if from_file is not None and names:
         raise UsageProblem("--from reads a bundle; do not also name hosts")
@@ -179,8 +186,8 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     return InspectSettings(
         names=tuple(names), from_file=from_file, save=save, nvml_lib=nvml_lib, log=log, startup=startup,
         model_config=model_config, http=http, engine=engine, ssh_config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, identity=identity, db=db,
-        opts=opts, level=level, fmt=fmt, detail=detail, color=color, sort=sort)
+        accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, identity=identity,
+        context=context, db=db, opts=opts, level=level, fmt=fmt, detail=detail, color=color, sort=sort)
 
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
@@ -195,12 +202,29 @@ def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> Li
             raise UsageProblem("--hosts-file {}: {}".format(hosts_file, exc.strerror or exc)) from None
     try:
         expanded = expand_targets(names)
-        for name in expanded:  # a typo'd port is the command line's fault: said before any host is contacted
-            if name not in LOCAL_NAMES:
+        for name in expanded:  # a typo'd port or pod name is the command line's fault: said before any is contacted
+            if name.startswith("k8s:"):
+                _check_pod(name)
+            elif name not in LOCAL_NAMES:
                 split_target(name)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from None
     return expanded
+
+
+def _check_pod(name: str) -> None:
+    from agent.remote.kubectl import parse_target
+
+    parse_target(name)  # ValueError: a usage problem
+
+
+def _check_context(context: Optional[str]) -> None:
+    from agent.remote.kubectl import check_context
+
+    try:
+        check_context(context)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def _collect(settings: InspectSettings) -> List[Entry]:
@@ -239,8 +263,10 @@ def _collect_targets(names: List[str], settings: InspectSettings) -> List[Entry]
     """Remote hosts first, all at once over SSH; then this machine where it is named; entries in the order named."""
     from collectors import snapshot
 
-    remote = [t for t in names if t not in LOCAL_NAMES]
+    remote = [t for t in names if t not in LOCAL_NAMES and not t.startswith("k8s:")]
+    pods = [t for t in names if t.startswith("k8s:")]
     by_name = _collect_remote(remote, settings) if remote else {}
+    by_name.update(_collect_pods(pods, settings) if pods else {})
     entries = []
     for name in names:
         if name in LOCAL_NAMES:
@@ -269,6 +295,20 @@ def _collect_remote(remote: List[str], settings: InspectSettings) -> Dict[str, L
     by_name: Dict[str, List[Entry]] = {}
     for r in results:
         by_name.setdefault(r.target, []).append(_remote_entry(r))
+    return by_name
+
+
+def _collect_pods(pods: List[str], settings: InspectSettings) -> Dict[str, List[Entry]]:
+    """Each pod's entries (one per time it is named), through kubectl exec and kubectl logs."""
+    from agent.remote import kubectl
+
+    by_name: Dict[str, List[Entry]] = {}
+    for r in kubectl.run(pods, settings.context, settings.probe_options(), settings.timeout, settings.parallel):
+        failure = None
+        if r.snapshot is None:
+            code, message = r.problem or ("kubectl.failed", "failed")
+            failure = TargetFailure(r.target, r.status, code, message)
+        by_name.setdefault(r.target, []).append((r.target, r.snapshot, failure))
     return by_name
 
 
@@ -305,7 +345,7 @@ def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -
     except EvidenceError as exc:
         return TargetFailure(target, "error", "snapshot.invalid", "the snapshot is not valid: {}".format(exc))
     except Exception as exc:  # noqa: BLE001 — a lying host must not take the fleet run down
-        if not target.startswith("ssh:"):
+        if not target.startswith(("ssh:", "k8s:")):
             raise
         return TargetFailure(target, "error", "internal.analysis",
                              "analysing this host's snapshot failed: {}: {}".format(type(exc).__name__, exc))

@@ -1,0 +1,271 @@
+"""Inspect an engine in a Kubernetes pod: the probe through ``kubectl exec``, the log through ``kubectl logs``.
+
+``k8s:NAMESPACE/POD[/CONTAINER]``: the probe (agent/remote/probe.py) goes on the stdin of
+``kubectl exec -i [--context C] -n NS POD [-c CONTAINER] -- python3 -I -``, exactly as over SSH, and its
+answer is checked the same way. The engine's startup comes from ``kubectl logs`` (streamed to a
+bounded temporary file, read by the same reader as any log file); when the container restarted and
+its current log holds no startup, ``kubectl logs --previous`` is read and the note says so.
+Names are checked against Kubernetes' rules before kubectl runs, and travel as argv elements: no
+shell ever sees them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from agent.remote import probe as probe_mod
+from collectors import pods
+
+PREFIX = "k8s:"
+MAX_STDOUT_BYTES = 64 << 20
+MAX_STDERR_BYTES = 1 << 20
+MAX_LOG_BYTES = 256 << 20  # a startup is near the top of a log; a log this large is cut, and the note says so
+LOG_TAIL_LINES = 2_000_000
+_NO_PYTHON = ("executable file not found", "No such file or directory", "not found")
+
+
+class KubectlError(Exception):
+    """status: a fleet status (unreachable | auth_failed | error); code: the problem's code."""
+
+    def __init__(self, status: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    namespace: str
+    pod: str
+    container: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return "/".join(x for x in (self.namespace, self.pod, self.container) if x)
+
+
+@dataclass(frozen=True)
+class PodResult:
+    target: str  # as typed: k8s:NS/POD[/CONTAINER]
+    status: str
+    snapshot: Optional[Dict[str, Any]]
+    problem: Optional[Tuple[str, str]] = None
+    duration_s: float = 0.0
+
+
+def is_target(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def parse_target(name: str) -> PodTarget:
+    """``k8s:NAMESPACE/POD[/CONTAINER]``, each a Kubernetes name; ValueError says why."""
+    parts = name[len(PREFIX):].split("/")
+    if len(parts) not in (2, 3) or not pods.valid_reference(parts[0], parts[1], parts[2] if len(parts) == 3 else None):
+        raise ValueError("{!r}: a pod is k8s:NAMESPACE/POD[/CONTAINER], Kubernetes names (lowercase letters, digits, "
+                         "- and, in a pod name, .)".format(name))
+    return PodTarget(namespace=parts[0], pod=parts[1], container=parts[2] if len(parts) == 3 else None)
+
+
+def check_context(context: Optional[str]) -> None:
+    """A kubeconfig context name: it must not read as an option."""
+    if context is not None and (not context or context.startswith("-") or any(c.isspace() or ord(c) < 32
+                                                                              for c in context)):
+        raise ValueError("--context {!r} is not a kubeconfig context name".format(context))
+
+
+def _pod_args(context: Optional[str], target: PodTarget) -> List[str]:
+    argv = (["--context", context] if context else []) + ["-n", target.namespace, target.pod]
+    return argv + (["-c", target.container] if target.container else [])
+
+
+def exec_argv(target: PodTarget, context: Optional[str]) -> List[str]:
+    """kubectl exec -i [--context C] -n NS POD [-c CONTAINER] -- python3 -I -"""
+    return ["kubectl", "exec", "-i"] + _pod_args(context, target) + ["--"] + probe_mod.REMOTE_COMMAND.split()
+
+
+def logs_argv(target: PodTarget, context: Optional[str], previous: bool) -> List[str]:
+    """kubectl logs [--context C] -n NS POD [-c CONTAINER] --tail N [--previous]"""
+    return ["kubectl", "logs"] + _pod_args(context, target) + ["--tail", str(LOG_TAIL_LINES)] + (
+        ["--previous"] if previous else [])
+
+
+def _cannot_run(exc: OSError) -> KubectlError:
+    return KubectlError("error", "kubectl.missing", "cannot run kubectl: {}".format(exc.strerror or exc))
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise KubectlError("unreachable", "kubectl.timeout", "deadline reached (--timeout)")
+    return left
+
+
+def _run(argv: List[str], stdin: bytes, deadline: float) -> Tuple[int, bytes, bytes]:
+    """kubectl with ``stdin``, both streams kept in bounded temporary files, killed at the deadline."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err)
+        except OSError as exc:
+            raise _cannot_run(exc) from None
+        try:
+            proc.communicate(stdin, timeout=_left(deadline))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise KubectlError("unreachable", "kubectl.timeout", "deadline reached while kubectl {} ran "
+                               "(--timeout)".format(argv[1])) from None
+        return proc.returncode, _bounded(out, MAX_STDOUT_BYTES), _bounded(err, MAX_STDERR_BYTES)
+
+
+def _bounded(f: Any, limit: int) -> bytes:
+    if f.tell() > limit:
+        raise KubectlError("error", "kubectl.too_much", "kubectl printed more than {} MiB: not a kvforensics probe "
+                           "answer".format(limit >> 20))
+    f.seek(0)
+    return f.read()
+
+
+def classify(returncode: int, stderr: str, target: PodTarget) -> KubectlError:
+    """kubectl's failure as one line: the pod missing, exec forbidden, no python3 in the image, or as it said."""
+    last = " ".join(stderr.strip().splitlines()[-1:]) or "no message"
+    if "(NotFound)" in stderr or "not found" in stderr and "pods" in stderr and "python3" not in stderr:
+        return KubectlError("unreachable", "kubectl.pod_not_found", "pod {} not found: {}".format(target.label, last))
+    if "(Forbidden)" in stderr or "forbidden" in stderr.lower():
+        return KubectlError("auth_failed", "kubectl.forbidden", "{}: kubectl was refused (RBAC needs create on "
+                            "pods/exec and get on pods/log): {}".format(target.label, last))
+    if returncode in (126, 127) or ("python3" in stderr and any(s in stderr for s in _NO_PYTHON)):
+        return KubectlError("error", "probe.python_not_found", "{}: no python3 in the container's image "
+                            "(kvforensics needs only python3 >= 3.8 there; nothing is installed): {}".format(
+                                target.label, last))
+    return KubectlError("error", "kubectl.failed", "{}: kubectl exited {}: {}".format(target.label, returncode, last))
+
+
+def probe_pod(target: PodTarget, context: Optional[str], probe: probe_mod.Probe, deadline: float) -> Dict[str, Any]:
+    """The verified snapshot from inside the pod."""
+    code, out, err = _run(exec_argv(target, context), probe.script, deadline)
+    stderr = err.decode("utf-8", "replace")
+    if code != 0 and probe_mod.MARKER.encode() not in out:
+        raise classify(code, stderr, target)
+    try:
+        return probe_mod.parse_answer(out, probe)
+    except probe_mod.ProbeError as exc:
+        raise KubectlError("error", exc.code, "{}: {} (exit {}; {})".format(
+            target.label, exc.message, code, " ".join(stderr.strip().splitlines()[-1:]) or "no stderr")) from None
+
+
+def _stream_log(argv: List[str], path: str, deadline: float) -> Tuple[int, bool, str]:
+    """``kubectl logs`` streamed into ``path``, at most MAX_LOG_BYTES, killed at the deadline: (exit, cut, stderr)."""
+    with open(path, "wb") as out, tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        except OSError as exc:
+            raise _cannot_run(exc) from None
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), proc.kill)
+        timer.start()
+        try:
+            cut = _copy(proc, out)
+        finally:
+            timer.cancel()
+            proc.kill()  # no-op once it exited; stops one cut short
+            proc.wait()
+        if time.monotonic() >= deadline:
+            raise KubectlError("unreachable", "kubectl.timeout", "deadline reached while kubectl logs ran (--timeout)")
+        err.seek(0)
+        return proc.returncode, cut, err.read(MAX_STDERR_BYTES).decode("utf-8", "replace")
+
+
+def _copy(proc: subprocess.Popen, out: Any) -> bool:
+    """Copy kubectl's stdout until it ends or MAX_LOG_BYTES were written; True when cut."""
+    written = 0
+    assert proc.stdout is not None
+    for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):  # type: ignore[union-attr]
+        out.write(chunk[:MAX_LOG_BYTES - written])
+        written += len(chunk)
+        if written >= MAX_LOG_BYTES:
+            return True
+    return False
+
+
+def read_log(target: PodTarget, context: Optional[str], startup: int, engine: str, deadline: float,
+             folder: str) -> Dict[str, Any]:
+    """The engine_log section read from ``kubectl logs``, then ``--previous`` when the current log holds no
+    startup (a restarted container)."""
+    from collectors import engine_logs
+
+    section: Dict[str, Any] = {}
+    for previous in (False, True):
+        path = os.path.join(folder, "previous.log" if previous else "current.log")
+        code, cut, stderr = _stream_log(logs_argv(target, context, previous), path, deadline)
+        if code not in (0, -9, None) and not os.path.getsize(path):
+            if previous:
+                return section  # no previous container: the current log's answer stands
+            raise classify(code, stderr, target)
+        section = engine_logs.collect(("file", path), None, startup, engine)
+        _label(section, target, previous, cut, path)
+        if section["status"] == "ok" or not _restart_may_hold_it(section):
+            return section
+    return section
+
+
+def _restart_may_hold_it(section: Dict[str, Any]) -> bool:
+    codes = {p.get("code") for p in section.get("problems", [])}
+    return bool(codes & {"engine_log.no_startup", "engine_log.empty"})
+
+
+def _label(section: Dict[str, Any], target: PodTarget, previous: bool, cut: bool, path: str) -> None:
+    """Say which log was read, in place of the temporary file's name."""
+    source = "kubectl logs{} {}".format(" --previous" if previous else "", target.label)
+    section["source"] = source
+    for item in section.get("problems", []):
+        item["message"] = item["message"].replace(path, source)
+    section["notes"] = [n.replace(path, source) for n in section.get("notes", [])]
+    note = "k8s:{}: read {}{}".format(target.label, source, " (the previous container's log: the container "
+                                      "restarted and its current log holds no startup)" if previous else "")
+    section["notes"].insert(0, note + ("; cut at {} MiB".format(MAX_LOG_BYTES >> 20) if cut else ""))
+
+
+def collect_one(name: str, context: Optional[str], probe: probe_mod.Probe, options: Dict[str, Any],
+                timeout_s: float) -> PodResult:
+    """One pod: its snapshot with the engine log from kubectl logs, or its failure in one line."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    try:
+        target = parse_target(name)
+        if shutil.which("kubectl") is None:
+            raise KubectlError("error", "kubectl.missing", "kubectl is not installed (not on PATH)")
+        snap = probe_pod(target, context, probe, deadline)
+        if not options.get("log"):  # --log names a file inside the pod: the probe read it there
+            with tempfile.TemporaryDirectory(prefix="kvf-k8s-") as folder:
+                snap["engine_log"] = read_log(target, context, options.get("startup", -1), _engine(snap), deadline,
+                                              folder)
+        return PodResult(target=name, status="ok", snapshot=snap, duration_s=time.monotonic() - start)
+    except KubectlError as exc:
+        return PodResult(target=name, status=exc.status, snapshot=None, problem=(exc.code, exc.message),
+                         duration_s=time.monotonic() - start)
+
+
+def _engine(snap: Dict[str, Any]) -> str:
+    """The log's engine: the kind of the server the probe chose, else "auto"."""
+    from collectors.snapshot import engine_kind
+
+    engines = snap.get("engines") or {}
+    chosen = engines.get("selected")
+    listed = engines.get("engines") or []
+    return engine_kind(listed[chosen]) if isinstance(chosen, int) and 0 <= chosen < len(listed) else "auto"
+
+
+def run(names: Sequence[str], context: Optional[str], options: Dict[str, Any], timeout_s: float,
+        parallel: int) -> List[PodResult]:
+    """Every pod's result, in the order given."""
+    probe = probe_mod.build(dict(options, time_limit_s=timeout_s))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names)))) as pool:
+        return list(pool.map(lambda n: collect_one(n, context, probe, options, timeout_s), names))
