@@ -60,6 +60,10 @@ def main(argv: List[str]) -> int:
     if pod is None:
         sys.stderr.write('Error from server (NotFound): pods "{}" not found\n'.format(name))
         return 1
+    if verb == "logs" and pod.get("logs_forbidden"):
+        sys.stderr.write('Error from server (Forbidden): pods "{}" is forbidden: User "dev" cannot get resource '
+                         '"pods/log" in API group "" in the namespace "{}"\n'.format(name, opts.get("-n")))
+        return 1
     if verb == "logs":
         return logs(pod, name, opts.get("-c", "main"), previous)
     command = pos[-1]

@@ -216,3 +216,14 @@ def test_a_silent_kubectl_ends_at_the_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "{}{}{}".format(bin_dir, os.pathsep, os.environ.get("PATH", "")))
     code, _, err = run_cli(["inspect", "k8s:ns/p", "--timeout", "0.5"])
     assert (code, err) == (3, "kvforensics: ns/p: unreachable: deadline reached while kubectl exec ran (--timeout)\n")
+
+
+@needs_namespaces
+def test_logs_forbidden_costs_the_startup_not_the_snapshot(tmp_path, monkeypatch):
+    with NamespacedVllm(tmp_path / "n", tp=2) as n:
+        _standin(tmp_path, monkeypatch, {"inference/llama-0": dict(_pod(n), logs_forbidden=True)})
+        code, out, err = _inspect(monkeypatch, n, "k8s:inference/llama-0", "--json")
+    t = json.loads(out)["targets"][0]
+    assert t["status"] in ("ok", "partial") and t["gpus"], t["problems"]
+    assert any(p["code"] == "engine_log.unreadable" and "RBAC needs create on pods/exec and get on pods/log" in
+               p["message"] for p in t["problems"]), t["problems"]

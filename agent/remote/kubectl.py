@@ -206,14 +206,21 @@ def read_log(target: PodTarget, context: Optional[str], startup: int, engine: st
         path = os.path.join(folder, "previous.log" if previous else "current.log")
         code, cut, stderr = _stream_log(logs_argv(target, context, previous), path, deadline)
         if code not in (0, -9, None) and not os.path.getsize(path):
-            if previous:
-                return section  # no previous container: the current log's answer stands
-            raise classify(code, stderr, target)
+            # no previous container: the current log's answer stands; no log at all: the probe's snapshot does
+            return section if previous else _unreadable(logs_argv(target, context, False), classify(code, stderr,
+                                                                                                   target))
         section = engine_logs.collect(("file", path), None, startup, engine)
         _label(section, target, previous, cut, path)
         if section["status"] == "ok" or not _restart_may_hold_it(section):
             return section
     return section
+
+
+def _unreadable(argv: List[str], failure: KubectlError) -> Dict[str, Any]:
+    """An engine_log section for a ``kubectl logs`` that failed (pods/log forbidden, say)."""
+    return {"status": "failed", "source": " ".join(argv[:2]), "lines": [], "index": None, "count": None,
+            "index_from_end": None, "engine": None, "notes": [],
+            "problems": [{"code": "engine_log.unreadable", "message": failure.message}]}
 
 
 def _restart_may_hold_it(section: Dict[str, Any]) -> bool:
