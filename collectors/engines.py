@@ -69,7 +69,7 @@ def _ancestor_server(proc: Dict[str, Any], servers: Dict[int, Any], parents: Dic
     """Walk parent PIDs up to a server process of the same engine (workers are its descendants)."""
     pid = proc.get("ppid")
     for _ in range(_ANCESTRY_DEPTH):
-        if pid is None or pid <= 1:
+        if pid is None or pid < 1:  # PID 1 may be the server: a container's entrypoint in its own PID namespace
             return None
         if pid in servers and servers[pid]["_kind"] == proc["_kind"]:
             return pid

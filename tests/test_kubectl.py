@@ -119,6 +119,9 @@ def test_a_pod_end_to_end_probe_by_exec_startup_by_logs(tmp_path, monkeypatch):
     assert [(g["rank"], g["processes"][0]["pid"]) for g in t["gpus"]] == [("Worker_TP0", pids["tp0"]),
                                                                           ("Worker_TP1", pids["tp1"])]
     assert pids["server"] == 1
+    # the server is PID 1 there (the container's entrypoint), and still its workers' server
+    assert not [p for p in t["problems"] if p["code"] == "engines.server_not_found"], t["problems"]
+    assert "other_engines" not in {f["code"] for f in t["findings"]}
     assert {"code": "engine_log.reader", "message": "k8s:inference/llama-0/vllm: read kubectl logs "
             "inference/llama-0/vllm"} in t["problems"]
     assert [r["rank"] for r in t["startup"]["ranks"]] == ["Worker_TP0 pid={}".format(pids["tp0"]),
