@@ -110,28 +110,48 @@ def _left(deadline: float) -> float:
 
 
 def _run(argv: List[str], stdin: bytes, deadline: float) -> Tuple[int, bytes, bytes]:
-    """kubectl with ``stdin``, both streams kept in bounded temporary files, killed at the deadline."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    """kubectl with ``stdin`` (fed by a thread), its stdout read here at most MAX_STDOUT_BYTES, killed at the
+    deadline."""
+    with tempfile.TemporaryFile() as err:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
         except OSError as exc:
             raise _cannot_run(exc) from None
+        expired = threading.Event()
+        timer = threading.Timer(_left(deadline), lambda: (expired.set(), proc.kill()))
+        timer.start()
+        threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
         try:
-            proc.communicate(stdin, timeout=_left(deadline))
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            out = _read_bounded(proc)
+        finally:
+            timer.cancel()
+            proc.kill()  # no-op once it exited; stops one that printed too much
             proc.wait()
+        if expired.is_set():
             raise KubectlError("unreachable", "kubectl.timeout", "deadline reached while kubectl {} ran "
-                               "(--timeout)".format(argv[1])) from None
-        return proc.returncode, _bounded(out, MAX_STDOUT_BYTES), _bounded(err, MAX_STDERR_BYTES)
+                               "(--timeout)".format(argv[1]))
+        err.seek(0)
+        return proc.returncode, out, err.read(MAX_STDERR_BYTES)
 
 
-def _bounded(f: Any, limit: int) -> bytes:
-    if f.tell() > limit:
-        raise KubectlError("error", "kubectl.too_much", "kubectl printed more than {} MiB: not a kvforensics probe "
-                           "answer".format(limit >> 20))
-    f.seek(0)
-    return f.read()
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except OSError:  # kubectl exited first: what it said is the answer
+        pass
+
+
+def _read_bounded(proc: subprocess.Popen) -> bytes:
+    out = bytearray()
+    assert proc.stdout is not None
+    for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):  # type: ignore[union-attr]
+        out += chunk
+        if len(out) > MAX_STDOUT_BYTES:
+            raise KubectlError("error", "kubectl.too_much", "kubectl printed more than {} MiB: not a kvforensics "
+                               "probe answer".format(MAX_STDOUT_BYTES >> 20))
+    return bytes(out)
 
 
 def classify(returncode: int, stderr: str, target: PodTarget) -> KubectlError:
@@ -169,7 +189,8 @@ def _stream_log(argv: List[str], path: str, deadline: float) -> Tuple[int, bool,
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
         except OSError as exc:
             raise _cannot_run(exc) from None
-        timer = threading.Timer(max(0.0, deadline - time.monotonic()), proc.kill)
+        expired = threading.Event()
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), lambda: (expired.set(), proc.kill()))
         timer.start()
         try:
             cut = _copy(proc, out)
@@ -177,7 +198,7 @@ def _stream_log(argv: List[str], path: str, deadline: float) -> Tuple[int, bool,
             timer.cancel()
             proc.kill()  # no-op once it exited; stops one cut short
             proc.wait()
-        if time.monotonic() >= deadline:
+        if expired.is_set():
             raise KubectlError("unreachable", "kubectl.timeout", "deadline reached while kubectl logs ran (--timeout)")
         err.seek(0)
         return proc.returncode, cut, err.read(MAX_STDERR_BYTES).decode("utf-8", "replace")
