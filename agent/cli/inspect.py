@@ -102,7 +102,7 @@ def inspect(
                                            help="Deadline per host, in seconds (connect, authenticate, "
                                                 "probe): more than 0, at most 86400.")] = 30.0,
     color: Color = None,
-    context: Annotated[Optional[str], typer.Option("--context",
+    context: Annotated[Optional[str], typer.Option("--context", metavar="CONTEXT",
                                                    help="The kubeconfig context for k8s: targets (kubectl "
                                                         "--context).")] = None,
 ) -> None:
