@@ -61,14 +61,16 @@ def test_deploy_files_come_from_the_installed_package(prefix, tmp_path):
     assert (tmp_path / "d" / "kubernetes" / "Containerfile").is_file()
 
 
-def test_the_exact_cron_line_writes_the_textfile_on_a_fresh_node(prefix, tmp_path):
-    """The documented cron command, verbatim but for this prefix and a textfile directory that does
-    not exist yet (nothing creates it on a fresh node: record must)."""
+def test_the_exact_cron_line_refuses_a_missing_textfile_directory_then_writes_it(prefix, tmp_path):
+    """The documented cron command, verbatim but for this prefix and a textfile directory that does not
+    exist yet: record says so in one line (exit 2) rather than create a directory nothing reads; once
+    node_exporter's directory is there, the same line writes the textfile."""
     build_fake_nvml()
     textfile_dir = tmp_path / "var" / "lib" / "node_exporter" / "textfile_collector"
     code, out, err = run_cli(["deploy-files", str(tmp_path / "d"), "--bin", str(prefix / "bin" / "kvforensics"),
                               "--textfile-dir", str(textfile_dir)])
     assert code == 0, err
+    assert "textfile directory {}: --textfile-dir; it does not exist here yet".format(textfile_dir) in out
     line = next(x for x in (tmp_path / "d" / "kvforensics.cron").read_text().splitlines()
                 if x and not x.startswith("#"))
     fields = line.split(None, 6)
@@ -77,11 +79,121 @@ def test_the_exact_cron_line_writes_the_textfile_on_a_fresh_node(prefix, tmp_pat
     with FakeNode(tmp_path / "node") as node:
         env = dict(_clean_env(), FAKE_NVML_SCENARIO=str(node.scenario), LD_LIBRARY_PATH=str(FAKE_LIB.parent),
                    KVFORENSICS_DB=str(tmp_path / "history.db"))
+        refused = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=120)
+        sampled = (tmp_path / "history.db").exists()
+        textfile_dir.mkdir(parents=True)
         done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "the directory {} does not exist".format(textfile_dir) in refused.stderr
+    assert "--create-textfile-dir" in refused.stderr and not sampled  # refused before anything was sampled
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""  # --quiet: cron mails only failures
     text = (textfile_dir / "kvforensics.prom").read_text()
     assert "kvforensics_gpu_memory_free_bytes" in text and "kvforensics_last_success_timestamp_seconds" in text
+
+
+def test_create_textfile_dir_creates_it(tmp_path, monkeypatch):
+    build_fake_nvml()
+    prom = tmp_path / "new" / "dir" / "kvforensics.prom"
+    with FakeNode(tmp_path / "node") as node:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(node.scenario))
+        code, out, err = run_cli(["record", "--db", str(tmp_path / "h.db"), "--nvml-lib", str(FAKE_LIB), "--no-http",
+                                  "--quiet", "--prom-file", str(prom), "--create-textfile-dir"])
+    assert code == 0, err
+    assert "kvforensics_gpu_up" in prom.read_text()
+
+
+def test_the_textfile_directory_rewrites_commands_not_comments(tmp_path):
+    """The cron file's comment names both packaged directories; --textfile-dir changes the command only."""
+    template = (ROOT / "deploy" / "kvforensics.cron").read_text().splitlines()
+    code, out, err = run_cli(["deploy-files", str(tmp_path), "--textfile-dir", "/srv/tf/", "--bin", "/x/kvf"])
+    assert code == 0, err
+    written = (tmp_path / "kvforensics.cron").read_text().splitlines()
+    assert [x for x in written if x.startswith("#")] == [x for x in template if x.startswith("#")]
+    assert "/var/lib/node_exporter/textfile_collector" in "\n".join(written)  # in the comment, as written
+    (command,) = [x for x in written if x and not x.startswith("#")]
+    assert command.endswith("--prom-file /srv/tf/kvforensics.prom") and " root /x/kvf record " in command
+
+
+def _fake_host(tmp_path, os_release=None, settings=None, procs=()):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "proc").mkdir()
+    if os_release is not None:
+        (root / "etc" / "os-release").write_text(os_release)
+    for rel, text in (settings or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    for pid, argv in procs:
+        (root / "proc" / str(pid)).mkdir()
+        (root / "proc" / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    return str(root)
+
+
+DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\n'
+UBUNTU = 'NAME="Ubuntu"\nID=ubuntu\nID_LIKE=debian\n'
+ROCKY = 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\n'
+
+
+@pytest.mark.parametrize("os_release,settings,procs,want,why", [
+    (DEBIAN, None, (), "/var/lib/prometheus/node-exporter", "Debian's and Ubuntu's prometheus-node-exporter"),
+    (UBUNTU, None, (), "/var/lib/prometheus/node-exporter", "Debian's and Ubuntu's"),
+    (ROCKY, None, (), "/var/lib/node_exporter/textfile_collector", "upstream's and RHEL's"),
+    (None, None, (), "/var/lib/node_exporter/textfile_collector", "upstream's and RHEL's"),
+    # the package's settings, when nothing runs: Debian's ARGS, RHEL's OPTIONS
+    (DEBIAN, {"etc/default/prometheus-node-exporter": 'ARGS="--collector.textfile.directory /srv/a --web.x=1"\n'},
+     (), "/srv/a", "of /etc/default/prometheus-node-exporter"),
+    (ROCKY, {"etc/sysconfig/node_exporter": "OPTIONS=--collector.textfile.directory=/srv/b\n"}, (), "/srv/b",
+     "of /etc/sysconfig/node_exporter"),
+    (DEBIAN, {"etc/default/prometheus-node-exporter": 'ARGS=""\n'}, (), "/var/lib/prometheus/node-exporter",
+     "Debian's"),
+    # a running exporter wins: its flag, else its binary's default (Debian's has one)
+    (DEBIAN, None, [(77, ["/usr/local/bin/node_exporter", "--collector.textfile.directory=/run/tf"])], "/run/tf",
+     "the running node_exporter (PID 77) reads it"),
+    (ROCKY, None, [(78, ["/usr/bin/prometheus-node-exporter", "--web.listen-address=:9100"])],
+     "/var/lib/prometheus/node-exporter", "the running prometheus-node-exporter (PID 78) has no"),
+    (DEBIAN, None, [(5, ["node_exporter", "--collector.textfile.directory", "/a"]),
+                    (9, ["node_exporter", "--collector.textfile.directory", "/b"])], "/a", "1 more run (PIDs 9)"),
+])
+def test_the_textfile_directory_node_exporter_reads(tmp_path, os_release, settings, procs, want, why):
+    from agent.cli import deploy_files as df
+
+    found = df.find_textfile_dir(_fake_host(tmp_path, os_release, settings, procs))
+    assert found.path == want and why in found.why, found
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["/opt/node_exporter/node_exporter"], "reads no textfiles: it was started without"),
+    (["prometheus-node-exporter", "--no-collector.textfile"], "has its textfile collector off"),
+])
+def test_a_running_exporter_that_reads_no_textfile_is_said(tmp_path, argv, message):
+    from agent.cli import deploy_files as df
+
+    with pytest.raises(df.DeployFilesError, match=message):
+        df.find_textfile_dir(_fake_host(tmp_path, DEBIAN, None, [(40, argv)]))
+
+
+@pytest.mark.skipif(shutil.which("prometheus-node-exporter") is None,
+                    reason="prometheus-node-exporter not installed (CI installs it)")
+def test_a_real_running_node_exporter_names_its_directory(tmp_path):
+    """Debian's packaged binary, running: its own --collector.textfile.directory, read from its /proc entry
+    (a root whose proc/ holds only that process, so other exporters on this machine do not count)."""
+    from agent.cli import deploy_files as df
+
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    proc = subprocess.Popen(["prometheus-node-exporter", "--collector.textfile.directory={}".format(textfiles),
+                             "--web.listen-address=127.0.0.1:0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        root = tmp_path / "root"
+        (root / "proc").mkdir(parents=True)
+        (root / "proc" / str(proc.pid)).symlink_to("/proc/{}".format(proc.pid))
+        found = df.find_textfile_dir(str(root))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert found.path == str(textfiles)
+    assert found.why.startswith("the running prometheus-node-exporter (PID {}) reads it".format(proc.pid))
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -93,8 +205,9 @@ def test_systemd_units_pass_systemds_verifier(tmp_path):
                            str(tmp_path / "kvforensics-record.timer")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     service = (tmp_path / "kvforensics-record.service").read_text()
-    # the textfile directory exists before the sandbox that lists it is built (else 226/NAMESPACE)
-    assert "ExecStartPre=+/bin/mkdir -p {}".format(tmp_path / "tf") in service
+    # the textfile directory is not created by the unit ('-': the unit starts without it, record says so)
+    assert "ReadWritePaths=/var/lib/kvforensics -{}\n".format(tmp_path / "tf") in service
+    assert "mkdir" not in service
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs prometheus)")

@@ -33,6 +33,11 @@ def record(
     prom_file: Annotated[Optional[str], typer.Option("--prom-file",
                                                      help="Write a Prometheus textfile here (atomically), for "
                                                           "node_exporter's textfile collector.")] = None,
+    create_textfile_dir: Annotated[bool, typer.Option("--create-textfile-dir",
+                                                      help="Create --prom-file's directory when it is missing "
+                                                           "(by default a missing one is an error: node_exporter "
+                                                           "reads its own directory, and a new one nothing "
+                                                           "reads).")] = False,
     samples: Annotated[int, typer.Option("--samples", help="Snapshots to take in this run.")] = 1,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between snapshots.")] = 10.0,
     keep: Annotated[Optional[str], typer.Option("--keep",
@@ -56,6 +61,8 @@ def record(
         raise UsageProblem("--samples must be 1–10000 and --interval 0–86400 seconds")
     keep_s = keep_seconds(keep)
     check_log_spec(log)
+    if prom_file:
+        _check_folder(prom_file, create_textfile_dir)  # before sampling: a cron run of 100 s ends in one line
     path = db or history.default_path()
     opts = analysis_options(margin, request_tokens)
 
@@ -74,7 +81,8 @@ def record(
                          "one at {}\n".format(result.moved_aside, path))
     if prom_file:
         try:
-            _ensure_folder(prom_file)
+            if create_textfile_dir:
+                _ensure_folder(prom_file)
             prometheus.write(prom_file, metrics_registry(result))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
@@ -131,9 +139,20 @@ def metrics_registry(result: "RecordResult"):  # type: ignore[no-untyped-def]
     return prometheus.registry(result.inspection, lows, result.stats.samples, result.run_min)
 
 
+def _check_folder(path: str, create: bool) -> None:
+    """A missing textfile directory is refused unless --create-textfile-dir: node_exporter packages read
+    different directories, and one created where none reads would hide every metric without an error."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not create and not os.path.isdir(folder):
+        raise UsageProblem("--prom-file {}: the directory {} does not exist; node_exporter reads the one in its "
+                           "--collector.textfile.directory (kvforensics deploy-files finds it), or pass "
+                           "--create-textfile-dir to create this one".format(path, folder))
+
+
 def _ensure_folder(path: str) -> None:
-    """The textfile directory may not exist yet on a fresh node (node_exporter packages differ):
-    create it, readable by node_exporter."""
+    """--create-textfile-dir: create the textfile directory, readable by node_exporter."""
     import os
 
     folder = os.path.dirname(os.path.abspath(path))
