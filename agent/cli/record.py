@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
 import typer
 
@@ -12,11 +12,12 @@ from agent.cli.options import (
     MARGIN_GIB,
     REQUEST_TOKENS,
     Db,
-    Engine,
+    EngineFilter,
     Http,
     Log,
     Margin,
     ModelConfig,
+    NodeSeriesOption,
     NvmlLib,
     RequestTokens,
     UsageProblem,
@@ -49,10 +50,12 @@ def record(
     log: Log = None,
     model_config: ModelConfig = None,
     http: Http = True,
-    engine: Engine = None,
+    engine: EngineFilter = None,
+    node_series: NodeSeriesOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
-    """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
+    """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd.
+    Every engine on the node is recorded (--engine PORT: one)."""
     from agent.history import record as record_mod
     from agent.history import store as history
     from reports import prometheus
@@ -70,7 +73,8 @@ def record(
     try:
         history.claim(path)  # a path that is not our history is refused before the lock is made beside it
         with history.Lock(path):
-            result = record_mod.record(path, collect, opts, samples, interval, keep_s, target=local_target())
+            result = record_mod.record(path, collect, opts, samples, interval, keep_s, target=local_target(),
+                                       port=engine)
     except history.Busy as exc:
         sys.stderr.write("kvforensics: {}\n".format(exc))
         return
@@ -83,22 +87,32 @@ def record(
         try:
             if create_textfile_dir:
                 _ensure_folder(prom_file)
-            prometheus.write(prom_file, metrics_registry(result))
+            prometheus.write(prom_file, metrics_registry(result, node_series_for(node_series, engine)))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
-    if result.inspection.collected_nothing:  # say so even with --quiet: cron mails it
+    _report(result, path, prom_file, quiet)
+
+
+def _report(result: "RecordResult", path: str, prom_file: Optional[str], quiet: bool) -> None:
+    if result.collected_nothing:  # say so even with --quiet: cron mails it
         why = "; ".join(p.message for p in result.inspection.problems[:3]) or "no GPU, no engine, no host memory"
         sys.stderr.write("kvforensics: record collected nothing on this node ({}); the sample says so and "
                          "last_success is not updated\n".format(why))
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
-    if not quiet:
-        st = result.stats
+    if quiet:
+        return
+    runs = []
+    for e in result.engines:
+        st = e.stats
         low = min((lw.min_free_bytes for lw in st.gpus if lw.min_free_bytes is not None and lw.rank), default=None)
-        sys.stdout.write("recorded {} sample(s) into {} (run {}: {} samples{}){}{}\n".format(
-            result.samples_written, path, st.run_key, st.samples,
-            ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else "",
-            "; pruned {}".format(result.pruned) if result.pruned else "",
-            "; wrote {}".format(prom_file) if prom_file else ""))
+        runs.append("{}run {}: {} samples{}".format(
+            e.inspection.engine + " " if e.inspection.engine else "", st.run_key, st.samples,
+            ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else ""))
+    sys.stdout.write("recorded {} sample(s) into {} ({}){}{}{}\n".format(
+        result.samples_written, path, "; ".join(runs),
+        "; gone: {}".format(", ".join(r.engine for r in result.gone)) if result.gone else "",
+        "; pruned {}".format(result.pruned) if result.pruned else "",
+        "; wrote {}".format(prom_file) if prom_file else ""))
 
 
 def keep_seconds(keep: Optional[str]) -> Optional[float]:
@@ -120,23 +134,34 @@ def local_target() -> str:
 
 
 def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optional[str], http: bool,
-              engine: Optional[int]) -> Callable[[], Dict[str, Any]]:
-    """One snapshot of this node per call, with the collection options of record and serve."""
+              engine: Optional[int]) -> Callable[[], List[Dict[str, Any]]]:
+    """One look at this node per call: a snapshot per engine (--engine: that one), with the collection
+    options of record and serve."""
     from collectors import snapshot
 
-    def collect() -> Dict[str, Any]:
-        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
+    def collect() -> List[Dict[str, Any]]:
+        return snapshot.collect_each(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http,
+                                     engine=engine)
 
     return collect
 
 
-def metrics_registry(result: "RecordResult"):  # type: ignore[no-untyped-def]
+def node_series_for(flag: Optional[bool], engine: Optional[int]) -> bool:
+    """The node's own series are written unless --engine restricts this writer to one engine (a node
+    whose engines are recorded apart has one writer of the node's series: --node-series there)."""
+    return flag if flag is not None else engine is None
+
+
+def metrics_registry(result: "RecordResult", node: bool = True):  # type: ignore[no-untyped-def]
     """The Prometheus registry of one record result: the textfile's and serve's, so both export the same
     series with the same values for the same node."""
     from reports import prometheus
 
-    lows = {lw.gpu: lw for lw in result.stats.gpus}
-    return prometheus.registry(result.inspection, lows, result.stats.samples, result.run_min)
+    engines = tuple(prometheus.EngineSeries(inspection=e.inspection, low_water={lw.gpu: lw for lw in e.stats.gpus},
+                                            run_min=e.run_min, samples=e.stats.samples) for e in result.engines)
+    gone = tuple((("engine", r.engine),) + r.pod for r in result.gone)
+    return prometheus.registry(prometheus.NodeSeries(engines=engines, gone=gone, last_success=result.last_success,
+                                                     node=node))
 
 
 def _check_folder(path: str, create: bool) -> None:
