@@ -158,18 +158,50 @@ def _look(conn: sqlite3.Connection, snaps: List[Dict[str, Any]], target: str, op
     """One look: each engine's inspection and one sample under its run. Each GPU is stored once per look:
     in the sample of the engine running on it, a GPU no engine runs on in the primary's."""
     now = time.time()
-    insps = [inspect_snapshot(snap, target, opts) for snap in snaps]
+    looks = [(snap, with_kept_startup(conn, snap)) for snap in snaps]
+    insps = [inspect_snapshot(used, target, opts) for _, used in looks]
     owned = {g.index for insp in insps for g in insp.engine_gpus}
     for g in insps[0].gpus:
         if g.free_bytes is not None:
             run_min[g.index] = min(g.free_bytes, run_min.get(g.index, g.free_bytes))
     out = []
-    for i, (snap, insp) in enumerate(zip(snaps, insps)):
+    for i, ((snap, used), insp) in enumerate(zip(looks, insps)):
         run_id = _upsert(conn, run_key(snap), insp, now)
+        if _from_the_log(snap, used):
+            history.save_startup(conn, run_id, snap["engine_log"], now)
         rows = [_gpu_row(g) for g in insp.gpus if g.rank is not None or (i == 0 and g.index not in owned)]
         history.add_sample(conn, run_id, now, not insp.collected_nothing, rows, _engine_row(insp))
         out.append((insp, run_id))
     return out
+
+
+# --- the startup of each engine run, kept --------------------------------------------------------
+
+def _from_the_log(snap: Dict[str, Any], restored: Dict[str, Any]) -> bool:
+    """The snapshot's startup was read from the engine's log now (not restored from the history)."""
+    log = snap.get("engine_log") or {}
+    return bool(log.get("lines")) and restored is snap and selected_engine(snap) is not None
+
+
+def with_kept_startup(conn: sqlite3.Connection, snap: Dict[str, Any]) -> Dict[str, Any]:
+    """``snap``, with the startup its engine run's log held when it no longer does (a log rotated with
+    copytruncate, truncated, or a container log rotated away): the lines kept in the history for this run,
+    as the snapshot's engine_log section held them. Facts read at startup (the KV pool, the budget) hold
+    for the whole run; a new run (a restart) reads its own startup."""
+    log = snap.get("engine_log") or {}
+    if log.get("lines") or selected_engine(snap) is None:
+        return snap
+    rid = history.run_id_for(conn, run_key(snap))
+    kept = history.startup(conn, rid) if rid is not None else None
+    if kept is None:
+        return snap
+    why = "; ".join(p.get("message", "") for p in log.get("problems") or ()) or "no startup lines"
+    note = ("the log no longer holds this engine run's startup ({}): the startup read from {} at {} is used, "
+            "kept in the history").format(why, kept.section.get("source") or "its log",
+                                          time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(kept.read_at)))
+    section = dict(kept.section, notes=list(kept.section.get("notes") or ()) + [note], problems=[], status="ok")
+    runs = [dict(r, status="ok") if r.get("name") == "engine_log" else r for r in snap.get("collector_runs") or ()]
+    return dict(snap, engine_log=section, collector_runs=runs)
 
 
 def _upsert(conn: sqlite3.Connection, key: str, insp: Inspection, now: float) -> int:
@@ -227,6 +259,22 @@ def _replaces(e: EngineRecord, r: history.RecentRun) -> bool:
         return False
     same = all(mine.get(k) == theirs.get(k) for k in ("engine", "namespace", "container"))
     return same and e.stats.first_seen >= r.last_seen
+
+
+def kept_startup(db_path: str, snap: Dict[str, Any]) -> Dict[str, Any]:
+    """``with_kept_startup`` from the history at ``db_path``, read-only (inspect on the node)."""
+    if not os.path.exists(db_path):
+        return snap
+    try:
+        opened = history.open_db(db_path, create=False)
+    except history.HistoryError:
+        return snap
+    try:
+        return with_kept_startup(opened.conn, snap)
+    except (history.HistoryError, sqlite3.Error):  # a damaged history is no history here; record says so
+        return snap
+    finally:
+        opened.conn.close()
 
 
 def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunStats]:
