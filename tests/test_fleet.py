@@ -246,3 +246,22 @@ def test_kvforensics_serve_covers_both_engines_too(two, tmp_path):
     series = _series(text)
     assert {dict(k)["engine"] for k in _of(series, "kvforensics_engine_up")} == set(two.engines)
     assert len(_of(series, "kvforensics_gpu_memory_free_bytes")) == 4
+
+
+def test_a_v0_worker_the_log_does_not_name_keeps_its_label_across_a_restart(tmp_path, monkeypatch):
+    """vLLM V0: the forked rank the log does not name is labelled by its GPU, never by its PID, so its
+    series are the same series after a restart (a new PID)."""
+    from tests.fakenode import FakeVllmNode, build_fake_nvml
+
+    build_fake_nvml()
+    prom = tmp_path / "k.prom"
+    ranks = []
+    for i in range(2):
+        with FakeVllmNode(tmp_path / "v0-{}".format(i), tp=2, era="v0", utilization=0.8) as node:
+            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(node.scenario))
+            assert _record(tmp_path / "h{}.db".format(i), prom, "--no-http")[0] == 0
+            pids = set(map(str, node.pids.values()))
+        labels = _of(_series(prom.read_text()), "kvforensics_gpu_memory_free_low_water_bytes")
+        ranks.append(sorted(dict(k)["rank"] for k in labels))
+        assert not any(p in r for r in ranks[-1] for p in pids)
+    assert ranks[0] == ranks[1] == ["driver", "worker GPU1"]
