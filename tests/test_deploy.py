@@ -210,10 +210,22 @@ def test_systemd_units_pass_systemds_verifier(tmp_path):
     assert "mkdir" not in service
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs prometheus)")
-def test_every_alert_has_a_promtool_unit_test():
+# The alert scenarios (README "Alerts"): each is a test group of deploy/kvforensics.rules.test.yml.
+SCENARIOS = ("healthy", "unused", "low headroom", "lost GPU", "NVML missing", "engine down", "restart", "vLLM",
+             "log rotation", "collected nothing", "textfile stale")
+
+
+def _rules_and_tests():
     import yaml
 
+    folder = ROOT / "deploy"
+    alerts = [r["alert"] for g in yaml.safe_load((folder / "kvforensics.rules.yml").read_text())["groups"]
+              for r in g["rules"]]
+    return alerts, yaml.safe_load((folder / "kvforensics.rules.test.yml").read_text())["tests"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs prometheus)")
+def test_every_alert_passes_its_promtool_unit_tests():
     folder = ROOT / "deploy"
     check = subprocess.run(["promtool", "check", "rules", "kvforensics.rules.yml"], cwd=str(folder),
                            capture_output=True, text=True)
@@ -221,11 +233,63 @@ def test_every_alert_has_a_promtool_unit_test():
     done = subprocess.run(["promtool", "test", "rules", "kvforensics.rules.test.yml"], cwd=str(folder),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    alerts = {r["alert"] for g in yaml.safe_load((folder / "kvforensics.rules.yml").read_text())["groups"]
-              for r in g["rules"]}
-    tested = {t["alertname"] for case in yaml.safe_load((folder / "kvforensics.rules.test.yml").read_text())["tests"]
-              for t in case["alert_rule_test"]}
-    assert alerts == tested
+
+
+def test_every_scenario_checks_every_alert():
+    """The scenario table: each scenario is one test group, and each group says, for every alert, whether
+    it fires (an alert_rule_test per alert at the scenario's steady time)."""
+    alerts, tests = _rules_and_tests()
+    assert [t["name"] for t in tests] == list(SCENARIOS)
+    for t in tests:
+        assert {c["alertname"] for c in t["alert_rule_test"]} == set(alerts), t["name"]
+        steady = t["alert_rule_test"][-len(alerts):]
+        assert [c["alertname"] for c in steady] == alerts and len({c["eval_time"] for c in steady}) == 1, t["name"]
+    fired = {t["name"]: sorted(c["alertname"] for c in t["alert_rule_test"][-len(alerts):] if c["exp_alerts"])
+             for t in tests}
+    assert fired["healthy"] == [] and fired["restart"] == ["KvforensicsUnusedGpuMemory"]
+    assert fired["engine down"] == ["KvforensicsEngineDown"] and fired["log rotation"] == [
+        "KvforensicsUnusedGpuMemory"]
+    # the unused and low-water alerts never fire together for one engine, at any time a scenario checks
+    for t in tests:
+        at: dict = {}
+        for c in t["alert_rule_test"]:
+            for a in c["exp_alerts"]:
+                at.setdefault((c["eval_time"], a["exp_labels"].get("engine")), set()).add(c["alertname"])
+        assert not [k for k, v in at.items() if {"KvforensicsUnusedGpuMemory", "KvforensicsLowWaterBelowMargin"} <= v]
+
+
+def test_the_scenarios_series_are_what_kvforensics_exports():
+    """Every input series of the scenarios is a metric kvforensics (or node_exporter's textfile collector)
+    exports, with label names it exports (plus the scrape's instance and job)."""
+    import json
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.history.store import GpuLowWater
+    from agent.model.reconcile import inspect_snapshot
+    from agent.model.records import Options
+    from reports import prometheus
+
+    insp = inspect_snapshot(json.loads((ROOT / "examples" / "seed-node.json").read_text()), "local:n1", Options())
+    lows = {g.index: GpuLowWater(gpu=g.index, uuid=g.uuid, rank=g.rank, samples=1, min_free_bytes=g.free_bytes,
+                                 max_free_bytes=g.free_bytes, last_free_bytes=g.free_bytes, min_free_at=1.0)
+            for g in insp.gpus}
+    engine = prometheus.EngineSeries(inspection=insp, low_water=lows, samples=1,
+                                     run_min={g.index: g.free_bytes for g in insp.gpus if g.free_bytes is not None})
+    node = prometheus.NodeSeries(engines=(engine,), gone=((("engine", "vllm-8000"),),), last_success=1.0)
+    exported = {"node_textfile_mtime_seconds": {"file"}}
+    for fam in text_string_to_metric_families(prometheus.render(prometheus.registry(node))):
+        for sample in fam.samples:
+            exported.setdefault(sample.name, set()).update(sample.labels)
+    assert {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_min_bytes"} <= set(exported)
+    _, tests = _rules_and_tests()
+    for t in tests:
+        for s in t["input_series"]:
+            name, labels = re.match(r"^(\w+)\{(.*)\}$", s["series"]).groups()
+            keys = set(re.findall(r"(\w+)=\"", labels))
+            assert name in exported, (t["name"], name)
+            assert keys - {"instance", "job"} <= exported[name], (t["name"], name, keys - exported[name])
 
 
 def test_deploy_files_usage():

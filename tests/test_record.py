@@ -318,7 +318,8 @@ def test_alert_rules_parse_and_use_exported_metrics():
     rules = yaml.safe_load((ROOT / "deploy" / "kvforensics.rules.yml").read_text())
     exported = {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_low_water_bytes", "kvforensics_gpu_up",
                 "kvforensics_collector_success", "kvforensics_last_success_timestamp_seconds",
-                "kvforensics_gpu_memory_free_min_bytes", "kvforensics_margin_bytes", "node_textfile_mtime_seconds"}
+                "kvforensics_gpu_memory_free_min_bytes", "kvforensics_margin_bytes", "node_textfile_mtime_seconds",
+                "kvforensics_findings", "kvforensics_engine_up"}
     names = set()
     for group in rules["groups"]:
         assert group["name"] and group["rules"]
