@@ -59,6 +59,7 @@ def test_deploy_files_come_from_the_installed_package(prefix, tmp_path):
     # the Kubernetes files are data of the installed package too
     assert "kind: DaemonSet" in (tmp_path / "d" / "kubernetes" / "daemonset.yaml").read_text()
     assert (tmp_path / "d" / "kubernetes" / "Containerfile").is_file()
+    assert '"uid": "kvforensics"' in (tmp_path / "d" / "grafana" / "kvforensics.json").read_text()
 
 
 def test_the_exact_cron_line_refuses_a_missing_textfile_directory_then_writes_it(prefix, tmp_path):
@@ -196,6 +197,55 @@ def test_a_real_running_node_exporter_names_its_directory(tmp_path):
     assert found.why.startswith("the running prometheus-node-exporter (PID {}) reads it".format(proc.pid))
 
 
+def _why_not_debian() -> str:
+    from agent.cli import deploy_files as df
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare (a private PID and mount namespace)"
+    if shutil.which("prometheus-node-exporter") is None or not os.path.isdir(df.DEBIAN_TEXTFILE_DIR):
+        return "Debian's prometheus-node-exporter is not installed (CI installs it)"
+    if not df._debian_like("/"):
+        return "not a Debian or Ubuntu host"
+    return ""
+
+
+@pytest.mark.skipif(bool(_why_not_debian()), reason=_why_not_debian() or "")
+def test_on_debian_deploy_files_and_the_cron_line_feed_the_packaged_node_exporter(prefix, tmp_path):
+    """With no path given: deploy-files names Debian's directory (from the OS, then from the running packaged
+    exporter), the cron line it wrote writes the textfile there, and the packaged exporter serves it. In a
+    private PID and mount namespace: the host's directory is never written, other exporters are not seen."""
+    import json
+
+    build_fake_nvml()
+    textfiles, work = tmp_path / "textfiles", tmp_path / "work"
+    textfiles.mkdir()
+    work.mkdir()
+    scenario = tmp_path / "scenario.txt"  # two GPUs, no engine: the node's own series
+    scenario.write_text("driver 580.95.05\nnvml 13.580.95.05\ncuda 13000\n" + "".join(
+        "gpu {0} uuid=GPU-deb{0} name=NVIDIA_H100 bus=00000000:{1:02X}:00.0 total=85899345920 reserved=536870912 "
+        "used=1073741824 free=84289404928\n".format(i, 0x18 + i) for i in range(2)))
+    env = dict(_clean_env(), FAKE_NVML_SCENARIO=str(scenario), LD_LIBRARY_PATH=str(FAKE_LIB.parent),
+               KVFORENSICS_DB=str(tmp_path / "history.db"), PYTHONPATH=str(ROOT))
+    done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                           sys.executable, "-m", "tests.debian_node", str(prefix / "bin" / "kvforensics"),
+                           str(textfiles), str(work)], capture_output=True, text=True, env=env, cwd=str(ROOT),
+                          timeout=600)
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip("no private namespaces here: " + done.stderr.strip()[:200])
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert "textfile directory /var/lib/prometheus/node-exporter: the default of Debian's and Ubuntu's " \
+           "prometheus-node-exporter package" in out["before"], out["before"]
+    assert "textfile directory /var/lib/prometheus/node-exporter: the running prometheus-node-exporter (PID {}) has " \
+           "no --collector.textfile.directory: its package's default".format(out["exporter_pid"]) in out["after"]
+    assert out["cron"]["command"].endswith("--prom-file /var/lib/prometheus/node-exporter/kvforensics.prom")
+    assert out["cron"]["code"] == 0 and out["cron"]["stdout"] == "", out["cron"]
+    assert out["files"] == ["kvforensics.prom"] and (textfiles / "kvforensics.prom").is_file()
+    scrape = out["scrape"]
+    assert 'kvforensics_gpu_memory_free_bytes{' in scrape and "kvforensics_last_success_timestamp_seconds" in scrape
+    assert "node_textfile_scrape_error 0" in scrape
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_units_pass_systemds_verifier(tmp_path):
     code, out, err = run_cli(["deploy-files", str(tmp_path), "--bin", "/bin/true", "--textfile-dir",
@@ -321,6 +371,6 @@ def test_the_sdist_holds_what_the_tests_need(tmp_path):
                    "tests/fixtures/real_sglang/README.md", "tests/conformance/test_sglang_eras.py",
                    "agent/schemas/report.schema.json", "deploy/kvforensics.rules.test.yml", "LICENSE", "Makefile",
                    "examples/seed-node.json", ".ci/run", "deploy/kubernetes/daemonset.yaml",
-                   "deploy/kubernetes/Containerfile"):
+                   "deploy/kubernetes/Containerfile", "deploy/grafana/kvforensics.json"):
         assert needed in names, needed
     assert not any(n.endswith((".so", ".so.1", ".pyc")) for n in names)

@@ -28,8 +28,8 @@ def deploy_files(
                                                  help="The image kubernetes/daemonset.yaml runs, as pushed to your "
                                                       "registry (default kvforensics:VERSION).")] = None,
 ) -> None:
-    """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, and the
-    Kubernetes DaemonSet of serve (kubernetes/)."""
+    """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, the
+    Kubernetes DaemonSet of serve (kubernetes/) and the Grafana dashboard (grafana/)."""
     from agent.cli import deploy_files as df
 
     if (folder is None) == (not show):

@@ -22,6 +22,8 @@ FILES = ("kvforensics.cron", "kvforensics-record.service", "kvforensics-record.t
 KUBERNETES_FILES = tuple("kubernetes/" + name for name in (
     "kustomization.yaml", "namespace.yaml", "serviceaccount.yaml", "daemonset.yaml", "service.yaml",
     "servicemonitor.yaml", "Containerfile"))
+# The Grafana dashboard: import it (Dashboards > New > Import) and pick the Prometheus data source.
+GRAFANA_FILES = ("grafana/kvforensics.json",)
 DEFAULT_BIN = "/opt/kvforensics/bin/kvforensics"
 # node_exporter's --collector.textfile.directory as packaged: upstream's docs and RHEL/Fedora's packages use
 # the first (the templates hold it), Debian's and Ubuntu's prometheus-node-exporter the second (its binary's
@@ -53,7 +55,7 @@ def source_dir() -> Path:
     candidates = [Path(__file__).resolve().parents[2] / "deploy",
                   Path(sys.prefix) / "share" / "kvforensics" / "deploy"]
     for folder in candidates:
-        if all((folder / name).is_file() for name in FILES + KUBERNETES_FILES):
+        if all((folder / name).is_file() for name in FILES + KUBERNETES_FILES + GRAFANA_FILES):
             return folder
     raise DeployFilesError("the deployment files are not installed (looked in {})".format(
         ", ".join(str(c) for c in candidates)))
@@ -65,7 +67,7 @@ def render(binary: Optional[str] = None, textfile_dir: Optional[str] = None,
     image the DaemonSet runs (as built and pushed to your registry)."""
     folder = source_dir()
     out = {}
-    for name in FILES + KUBERNETES_FILES:
+    for name in FILES + KUBERNETES_FILES + GRAFANA_FILES:
         text = (folder / name).read_text(encoding="utf-8")
         if binary:
             text = _in_commands(text, DEFAULT_BIN, binary)
