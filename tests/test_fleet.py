@@ -106,9 +106,11 @@ def test_promtool_finds_nothing_to_say_about_two_engines(two, tmp_path):
 
 def test_engines_recorded_apart_write_no_series_twice(two, tmp_path):
     """--engine PORT restricts a record to one engine and leaves the node's series to one writer
-    (--node-series): the files, concatenated as the textfile collector merges them, hold no series twice."""
+    (--node-series): the files, concatenated as the textfile collector merges them, hold no series twice;
+    and Debian's node_exporter, reading both, reports no textfile error."""
     db = tmp_path / "h.db"
-    files = [tmp_path / "kvforensics-sglang.prom", tmp_path / "kvforensics-vllm.prom"]
+    (tmp_path / "tf").mkdir()
+    files = [tmp_path / "tf" / "kvforensics-sglang.prom", tmp_path / "tf" / "kvforensics-vllm.prom"]
     sglang_port, vllm_port = (e.rsplit("-", 1)[1] for e in two.engines)
     assert _record(db, files[0], "--engine", sglang_port, "--node-series")[0] == 0
     assert _record(db, files[1], "--engine", vllm_port)[0] == 0
@@ -118,6 +120,13 @@ def test_engines_recorded_apart_write_no_series_twice(two, tmp_path):
     assert _of(first, "kvforensics_gpu_memory_free_bytes") and not _of(second, "kvforensics_gpu_memory_free_bytes")
     assert {dict(k).get("engine") for k in _of(second, "kvforensics_engine_up")} == {two.vllm_label}
     assert not _of(second, "kvforensics_last_success_timestamp_seconds")
+    from tests import promstack
+
+    if promstack.missing() is None:
+        with promstack.Stack(tmp_path / "stack") as stack:
+            scraped = promstack.get(stack.node_exporter(tmp_path / "tf").url + "/metrics")
+        assert "node_textfile_scrape_error 0" in scraped
+        assert scraped.count("kvforensics_engine_up{") == 2
 
 
 def test_a_gone_engine_is_down_for_an_hour_and_its_series_stop(two, tmp_path):
