@@ -374,3 +374,31 @@ def test_the_sdist_holds_what_the_tests_need(tmp_path):
                    "deploy/kubernetes/Containerfile", "deploy/grafana/kvforensics.json"):
         assert needed in names, needed
     assert not any(n.endswith((".so", ".so.1", ".pyc")) for n in names)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs prometheus)")
+def test_the_documented_dcgm_join_labels_its_series_with_the_engine(tmp_path):
+    """README's join of dcgm-exporter's series with ours (on its UUID), run by promtool on series shaped as
+    dcgm-exporter's and ours."""
+    import re
+
+    import yaml
+
+    readme = (ROOT / "README.md").read_text()
+    expr = re.search(r"`(DCGM_FI_DEV_GPU_UTIL \* on\(UUID\)[^`]+)`", readme).group(1)
+    dcgm = ('DCGM_FI_DEV_GPU_UTIL{{gpu="{0}", UUID="GPU-{0}", pci_bus_id="00000000:1{0}:00.0", '
+            'modelName="NVIDIA H100 80GB HBM3", Hostname="gpu-07", instance="10.0.0.5:9400"}}')
+    ours = ('kvforensics_gpu_memory_free_low_water_bytes{{gpu="{0}", uuid="GPU-{0}", pci_bus_id="00000000:1{0}:00.0", '
+            'gpu_model="NVIDIA H100 80GB HBM3", engine="sglang-30000", rank="TP{0}", instance="gpu-07:9100"}}')
+    doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": dcgm.format(i), "values": "{}x5".format(50 + i)} for i in range(2)]
+        + [{"series": ours.format(i), "values": "5368709120x5"} for i in range(2)],
+        "promql_expr_test": [{"expr": expr, "eval_time": "2m", "exp_samples": [
+            {"labels": '{{gpu="{0}", UUID="GPU-{0}", pci_bus_id="00000000:1{0}:00.0", '
+                       'modelName="NVIDIA H100 80GB HBM3", Hostname="gpu-07", instance="10.0.0.5:9400", '
+                       'engine="sglang-30000", rank="TP{0}"}}'.format(i), "value": 50 + i} for i in range(2)]}]}]}
+    (tmp_path / "join.test.yml").write_text(yaml.safe_dump(doc))
+    done = subprocess.run(["promtool", "test", "rules", "join.test.yml"], cwd=str(tmp_path), capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
