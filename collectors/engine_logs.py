@@ -101,7 +101,9 @@ def spec_for(server: Optional[Dict[str, Any]]) -> Tuple[Optional[Tuple[str, str]
     container = server.get("container")
     if out.startswith("file:"):
         # a container's path is in its own mount namespace: the host reaches it through /proc/PID/root
-        return ("file", "/proc/{}/root{}".format(server["pid"], out[5:]) if container else out[5:]), None
+        if container:
+            return ("file", "/proc/{}/root{}".format(server["pid"], out[5:])), None
+        return ("file", _own_file(server["pid"], out[5:])), None
     if out.startswith("deleted:"):
         return None, "the server's stdout file {} was deleted while it runs".format(out[8:])
     if server.get("unit"):
@@ -112,6 +114,23 @@ def spec_for(server: Optional[Dict[str, Any]]) -> Tuple[Optional[Tuple[str, str]
         return None, ("cannot see where PID {} writes (its /proc/PID/fd is not readable: run as its user or "
                       "root)").format(server["pid"])
     return None, "PID {} writes to a {} and runs outside systemd and containers: pass --log".format(server["pid"], out)
+
+
+def _own_file(pid: int, path: str) -> str:
+    """The file the server writes: its path when that path names the same file here, else the server's own
+    descriptor (``/proc/PID/fd/1``): a private /tmp (systemd's PrivateTmp=, on either side) or another mount
+    namespace shows a different file or none at that path, and a log renamed by rotation is still the one
+    the descriptor holds."""
+    fd = "/proc/{}/fd/1".format(pid)
+    try:
+        mine = os.stat(fd)
+    except OSError:
+        return path  # not ours to read (another user's process): the path says why
+    try:
+        there = os.stat(path)
+    except OSError:
+        return fd
+    return path if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino) else fd
 
 
 def _lines_of(startup: Startup) -> List[List[Any]]:

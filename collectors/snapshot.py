@@ -13,7 +13,7 @@ import platform
 import socket
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from collectors import engines, host_memory, nvml, procfs
 from collectors.plugin import for_bundle
@@ -106,14 +106,8 @@ def selected_engine(snap: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return primary_engine(engine_list, snap.get("nvml") or {})
 
 
-def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any],
-                   port: Optional[int] = None) -> Optional[Dict[str, Any]]:
-    """The engine on ``port`` if given, else the one holding the most GPU memory (the one worth
-    explaining first on a node that runs several servers)."""
-    if not engine_list:
-        return None
-    if port is not None:
-        return next((e for e in engine_list if e.get("server") and engine_port(e) == port), None)
+def _weights(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any]) -> List[int]:
+    """GPU memory each engine's processes hold, by NVML."""
     used: Dict[int, int] = {}
     for gpu in nvml_section.get("gpus", []):
         for p in gpu.get("processes", []):
@@ -124,13 +118,38 @@ def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, An
             [engine["server"]] if engine.get("server") else [])  # vLLM V0's server holds GPU 0 itself
         return sum(used.get(p["pid"], 0) for p in procs)
 
-    return max(engine_list, key=weight)
+    return [weight(e) for e in engine_list]
 
 
-def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None, startup: int = -1,
-            model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
-            engine: Optional[int] = None) -> Dict[str, Any]:
-    """``engine``: the port of the server to explain (default: the one with most GPU memory)."""
+def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any],
+                   port: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """The engine on ``port`` if given, else the one holding the most GPU memory (the one worth
+    explaining first on a node that runs several servers)."""
+    if not engine_list:
+        return None
+    if port is not None:
+        return next((e for e in engine_list if e.get("server") and engine_port(e) == port), None)
+    weights = _weights(engine_list, nvml_section)
+    return engine_list[weights.index(max(weights))]
+
+
+def explained_engines(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any],
+                      port: Optional[int] = None) -> List[Dict[str, Any]]:
+    """The engines one look at the node explains, the primary first: the one on ``port``; else every
+    engine holding GPU memory (NVML names its processes), most first; when NVML names none of them (no
+    NVML, or its PIDs are another PID namespace's), every one with a server process; at least the primary."""
+    primary = primary_engine(engine_list, nvml_section, port)
+    if port is not None or primary is None:
+        return [primary] if primary is not None else []
+    weights = _weights(engine_list, nvml_section)
+    holding = [e for w, e in sorted(zip(weights, engine_list), key=lambda x: -x[0]) if w > 0]
+    if not holding:
+        holding = [e for e in engine_list if e.get("server")]
+    return [primary] + [e for e in holding if e is not primary]
+
+
+def _node(root: str, nvml_lib: Optional[str], strict: bool) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """The node's own sections (GPUs, host memory, engines, GPU processes) and their collector runs."""
     runs: List[Dict[str, Any]] = []
     snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(),
                             "taken_at_unix_s": round(time.time(), 3),
@@ -142,13 +161,53 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
     snap["gpu_processes"] = _run("gpu_processes", lambda: {"status": "ok", "processes": _gpu_processes(root,
                                                                                                        snap["nvml"])},
                                  runs, strict)
+    return snap, runs
+
+
+def _port_not_found(snap: Dict[str, Any], engine: int) -> None:
     engine_list = snap["engines"].get("engines", [])
-    chosen = primary_engine(engine_list, snap["nvml"], engine)
-    snap["engines"]["selected"] = next((i for i, e in enumerate(engine_list) if e is chosen), None)
+    snap["engines"].setdefault("problems", []).append({"code": "engines.port_not_found", "message": (
+        "no inference server on port {} (servers here: {})".format(engine, ", ".join(
+            str(engine_port(e)) for e in engine_list if e.get("server")) or "none"))})
+
+
+def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None, startup: int = -1,
+            model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
+            engine: Optional[int] = None) -> Dict[str, Any]:
+    """``engine``: the port of the server to explain (default: the one with most GPU memory)."""
+    snap, runs = _node(root, nvml_lib, strict)
+    chosen = primary_engine(snap["engines"].get("engines", []), snap["nvml"], engine)
     if engine is not None and chosen is None:
-        snap["engines"].setdefault("problems", []).append({"code": "engines.port_not_found", "message": (
-            "no inference server on port {} (servers here: {})".format(engine, ", ".join(
-                str(engine_port(e)) for e in engine_list if e.get("server")) or "none"))})
+        _port_not_found(snap, engine)
+    return _explain(snap, runs, chosen, root, log, startup, model_config_path, http, strict)
+
+
+def collect_each(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None,
+                 model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
+                 engine: Optional[int] = None) -> List[Dict[str, Any]]:
+    """One snapshot per engine the node runs (``explained_engines``; the primary first), sharing one look
+    at the node's own sections; one explaining none when there is none. ``log`` and ``model_config_path``
+    name the primary engine's: the others' are found from their processes."""
+    base, runs = _node(root, nvml_lib, strict)
+    chosen = explained_engines(base["engines"].get("engines", []), base["nvml"], engine)
+    if not chosen:
+        if engine is not None:
+            _port_not_found(base, engine)
+        return [_explain(base, runs, None, root, log, -1, model_config_path, http, strict)]
+    out = []
+    for i, e in enumerate(chosen):
+        snap = dict(base, engines=dict(base["engines"]))  # the node's sections are shared, read-only
+        out.append(_explain(snap, list(runs), e, root, log if i == 0 else None, -1,
+                            model_config_path if i == 0 else None, http, strict))
+    return out
+
+
+def _explain(snap: Dict[str, Any], runs: List[Dict[str, Any]], chosen: Optional[Dict[str, Any]], root: str,
+             log: Optional[str], startup: int, model_config_path: Optional[str], http: bool,
+             strict: bool) -> Dict[str, Any]:
+    """The sections about one engine (``chosen``; None: none): its log, its model's config, its HTTP."""
+    engine_list = snap["engines"].get("engines", [])
+    snap["engines"]["selected"] = next((i for i, e in enumerate(engine_list) if e is chosen), None)
     server = chosen.get("server") if chosen else None
     args = chosen.get("server_args", {}) if chosen else {}
     kind = engine_kind(chosen) if chosen else None

@@ -34,6 +34,7 @@ def replay(monkeypatch) -> Dict[str, Any]:
     snap = json.loads(SEED_NODE.read_text())
     snap.pop("engine_log", None)  # the log analysis is not what these tests are about, and it is slow
     monkeypatch.setattr(snapshot, "collect", lambda **kw: copy.deepcopy(snap))
+    monkeypatch.setattr(snapshot, "collect_each", lambda **kw: [copy.deepcopy(snap)])
     return snap
 
 
@@ -119,7 +120,7 @@ HOSTILE = {
                                          "another program's SQLite database (application_id 0x12345678)"),
     "our tables but one column differs, no application_id": (
         lambda p: _sqlite(p, *[s for m in history.MIGRATIONS for s in m.replace("free_bytes", "free").split(";")
-                               if s.strip()] + ["PRAGMA user_version = 2"]),
+                               if s.strip()] + ["PRAGMA user_version = 3"]),
         "another program's SQLite database"),
 }
 
@@ -208,7 +209,7 @@ def _older_history(db: Path, version: int) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_an_older_history_without_application_id_is_ours_and_stamped(tmp_path, replay, version):
     db = tmp_path / "h.db"
     _older_history(db, version)
@@ -250,7 +251,7 @@ OWN_DAMAGE = {
     "CREATE statement not UTF-8": (_schema_text("CAST(X'435245415445205441424C45206770755F73616D706C6573202827FF'"
                                                 " AS TEXT)"), "unreadable as SQLite"),
     "column renamed in the schema text": (_schema_text("replace(sql, 'free_bytes', 'free_bytez')"),
-                                          "its tables are not those of schema 2 (gpu_samples differs)"),
+                                          "its tables are not those of schema 3 (gpu_samples differs)"),
     "a table dropped": (lambda db: _sqlite(db, "DROP TABLE engine_samples"), "engine_samples differs"),
     "the tables dropped": (lambda db: _sqlite(db, "DROP TABLE engine_samples", "DROP TABLE gpu_samples",
                                               "DROP TABLE samples", "DROP TABLE runs"), "runs, samples differs"),

@@ -31,11 +31,13 @@ SEED_NODE = ROOT / "examples" / "seed-node.json"
 APP_ID = 0x4B564653
 EXITS = {"history": {0, 2}, "record": {0, 2, 3}}  # README "Exit codes"; 4 is a bug
 TABLES = {"runs": ("run_key", "host", "engine", "started_at", "first_seen", "last_seen", "version_hint", "model",
-                   "mem_fraction_static", "pre_load_free_bytes", "bytes_per_token"),
+                   "mem_fraction_static", "pre_load_free_bytes", "bytes_per_token", "port", "namespace", "pod",
+                   "container"),
           "samples": ("run_id", "taken_at", "collected"),
           "gpu_samples": ("sample_id", "gpu", "uuid", "rank", "total_bytes", "reserved_bytes", "used_bytes",
-                          "free_bytes", "engine_used_bytes"),
-          "engine_samples": ("kv_tokens", "used_tokens", "token_usage", "running", "queued")}
+                          "free_bytes", "engine_used_bytes", "pci_bus_id", "name"),
+          "engine_samples": ("kv_tokens", "used_tokens", "token_usage", "running", "queued"),
+          "startups": ("run_id", "read_at", "section")}
 HOSTILE_VALUES = ("'text'", "''", "X'00FF'", "X''", "1e308", "-1e308", "9e999", "-9e999", "-1", "0",
                   "9223372036854775807", "-9223372036854775808", "1e18", "253402300800", "1.5", "NULL", "'9e999'",
                   "char(27) || '[2J'", "'[/bold]'", "hex(randomblob(6000))", "randomblob(6000)", "-2", "'TP0'",
@@ -91,8 +93,8 @@ class _replaying:
 
         from collectors import snapshot
 
-        self.saved = snapshot.collect, typer.main.get_command
-        snapshot.collect = lambda **kw: copy.deepcopy(self.snap)
+        self.saved = snapshot.collect_each, typer.main.get_command
+        snapshot.collect_each = lambda **kw: [copy.deepcopy(self.snap)]
         typer.main.get_command = functools.lru_cache(maxsize=None)(typer.main.get_command)
         return self
 
@@ -101,7 +103,7 @@ class _replaying:
 
         from collectors import snapshot
 
-        snapshot.collect, typer.main.get_command = self.saved
+        snapshot.collect_each, typer.main.get_command = self.saved
 
 
 # --- mutations -----------------------------------------------------------------------------

@@ -180,9 +180,9 @@ def test_v0_the_server_runs_the_driver_and_forked_ranks_are_workers(tmp_path, fa
         pids = dict(n.pids)
         server = n.server_pid
     assert t["engine"]["name"] == "vllm"
-    assert [g["rank"] for g in t["gpus"]] == ["driver", "pid {}".format(pids["tp1"])]
+    assert [g["rank"] for g in t["gpus"]] == ["driver", "worker GPU1"]  # by its GPU, never its PID
     assert {p["owner"] for g in t["gpus"] for p in g["processes"]} == {"engine"}
-    assert t["gpus"][0]["processes"][0]["pid"] == server
+    assert t["gpus"][0]["processes"][0]["pid"] == server and t["gpus"][1]["processes"][0]["pid"] == pids["tp1"]
     ledger = {x["item"]: x["bytes"] for x in t["gpus"][0]["ledger"]}
     assert ledger["KV pool"] == round(61.84 * GIB) and ledger["CUDA graphs"] == round(0.13 * GIB)
     assert "KV pool" not in {x["item"] for x in t["gpus"][1]["ledger"]}  # the log names no second worker

@@ -43,9 +43,10 @@ def _kvf(node: Node, scenario: Path, *argv: str):
 
 
 def _samples(text: str):
+    """Series as Prometheus keys them: a label with an empty value is no label."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
@@ -89,18 +90,22 @@ def test_inspect_names_the_pod_and_reads_its_cri_log_and_its_metrics(tmp_path, d
     assert samples[("kvforensics_engine_kv_pool_bytes", tuple(sorted((engine, ("rank", "Worker_TP0")) + pod_labels)))]
     for (name, labels), _ in samples.items():
         keys = {k for k, _ in labels}
-        if name.startswith(("kvforensics_engine_", "kvforensics_findings")):
+        if name.startswith("kvforensics_engine_") or "engine" in keys:
             assert POD_LABELS <= keys, name
         elif name.startswith(("kvforensics_gpu_memory_total", "kvforensics_host_", "kvforensics_collector_")):
             assert not POD_LABELS & keys, name  # node-level: whichever pod asks
 
 
-def _registry_samples(snap: dict, selected: int):
-    """The textfile of the snapshot explained for its engine ``selected`` (what a record run choosing it writes)."""
+def _inspection(snap: dict, selected: int) -> Inspection:
     chosen = dict(snap, engines=dict(snap["engines"], selected=selected))
     insp = inspect_snapshot(chosen, "bundle:two-pods", Options())
     assert isinstance(insp, Inspection)
-    return _samples(prometheus.render(prometheus.registry(insp)))
+    return insp
+
+
+def _registry_samples(snap: dict, selected: int):
+    """The textfile of the snapshot explained for its engine ``selected`` (what --engine PORT writes)."""
+    return _samples(prometheus.render(prometheus.registry(prometheus.of_inspection(_inspection(snap, selected)))))
 
 
 def test_two_pods_on_one_node_with_the_same_engine_and_port_do_not_collide(tmp_path):
@@ -124,8 +129,15 @@ def test_two_pods_on_one_node_with_the_same_engine_and_port_do_not_collide(tmp_p
     code, out, err = run_cli(["inspect", "--from", str(tmp_path / "node.json"), "--json"])  # the bundle carries them
     assert json.loads(out)["targets"][0]["pod"]["namespace"] in ("team-a", "team-b")
     first, second = (_registry_samples(snap, index[team]) for team in ("team-a", "team-b"))
-    engine_series = [{k for k in s if k[0].startswith(("kvforensics_engine_", "kvforensics_findings"))}
+    engine_series = [{k for k in s if k[0].startswith("kvforensics_engine_") or "engine" in dict(k[1])}
                      for s in (first, second)]
     assert engine_series[0] and engine_series[1] and not engine_series[0] & engine_series[1]
     node_series = [{k for k in s if k[0].startswith("kvforensics_gpu_memory_total")} for s in (first, second)]
     assert node_series[0] == node_series[1] and len(node_series[0]) == 4
+    # one writer for the node: both pods' engines in one registry, each series once
+    both = prometheus.NodeSeries(engines=tuple(prometheus.EngineSeries(inspection=_inspection(snap, index[team]))
+                                               for team in ("team-a", "team-b")))
+    text = prometheus.render(prometheus.registry(both))
+    lines = [x for x in text.splitlines() if x and not x.startswith("#")]
+    assert len(lines) == len({x.rsplit(" ", 1)[0] for x in lines}) == len(_samples(text))
+    assert set(_samples(text)) >= engine_series[0] | engine_series[1] | node_series[0]

@@ -134,7 +134,9 @@ def test_textfile_parses_and_follows_the_naming_rules(node, tmp_path):
         if name.endswith(("_bytes", "_seconds", "_tokens")):
             continue
         assert name in ("kvforensics_gpu_up", "kvforensics_findings", "kvforensics_collector_success",
-                        "kvforensics_engine_run_samples"), name
+                        "kvforensics_engine_run_samples", "kvforensics_engine_up", "kvforensics_engine_info",
+                        "kvforensics_engine_kv_usage_ratio", "kvforensics_engine_requests_running",
+                        "kvforensics_engine_requests_queued"), name
 
 
 def test_kill_9_mid_record_leaves_textfile_and_database_whole(node, tmp_path):
@@ -331,7 +333,8 @@ def test_alert_rules_parse_and_use_exported_metrics():
     rules = yaml.safe_load((ROOT / "deploy" / "kvforensics.rules.yml").read_text())
     exported = {"kvforensics_engine_unused_bytes", "kvforensics_gpu_memory_free_low_water_bytes", "kvforensics_gpu_up",
                 "kvforensics_collector_success", "kvforensics_last_success_timestamp_seconds",
-                "kvforensics_gpu_memory_free_min_bytes", "kvforensics_margin_bytes", "node_textfile_mtime_seconds"}
+                "kvforensics_gpu_memory_free_min_bytes", "kvforensics_margin_bytes", "node_textfile_mtime_seconds",
+                "kvforensics_findings", "kvforensics_engine_up"}
     names = set()
     for group in rules["groups"]:
         assert group["name"] and group["rules"]
@@ -474,7 +477,7 @@ def test_a_clock_400_days_ahead_does_not_erase_the_history(node, tmp_path, monke
     opened = h.open_db(str(db))
     try:
         before = opened.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-        removed = h.prune(opened.conn, jumped - 30 * 86400, keep_run=None)  # what record computes
+        removed = h.prune(opened.conn, jumped - 30 * 86400)  # what record computes
         after = opened.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
     finally:
         opened.conn.close()

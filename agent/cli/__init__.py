@@ -55,7 +55,7 @@ app.command("serve", short_help="Serve /metrics and /healthz, sampling on scrape
 app.command("history", short_help="Low-water free memory and peak KV use over time.")(history.history_cmd)
 app.command("watch", short_help="Live view of free GPU memory and KV usage.")(watch.watch)
 app.command("probe", short_help="Write the exact probe shipped to inspected hosts.")(probe.probe)
-app.command("deploy-files", short_help="Write cron, systemd, alert rules and Kubernetes files.")(deploy.deploy_files)
+app.command("deploy-files", short_help="Write cron, systemd, alert, Kubernetes, Grafana files.")(deploy.deploy_files)
 app.command("schema", short_help="Print a published JSON Schema (report, snapshot, history).")(deploy.schema)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -19,23 +20,31 @@ def deploy_files(
                                                        "(default: this installation's).")] = None,
     textfile_dir: Annotated[Optional[str], typer.Option("--textfile-dir", metavar="DIR",
                                                         help="node_exporter's --collector.textfile.directory "
-                                                             "(default /var/lib/node_exporter/textfile_collector; "
-                                                             "Debian: /var/lib/prometheus/node-exporter).")] = None,
+                                                             "(default: the running node_exporter's, else its "
+                                                             "package's: /var/lib/prometheus/node-exporter on "
+                                                             "Debian and Ubuntu, /var/lib/node_exporter/"
+                                                             "textfile_collector elsewhere).")] = None,
     image: Annotated[Optional[str], typer.Option("--image", metavar="REF",
                                                  help="The image kubernetes/daemonset.yaml runs, as pushed to your "
                                                       "registry (default kvforensics:VERSION).")] = None,
 ) -> None:
-    """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, and the
-    Kubernetes DaemonSet of serve (kubernetes/)."""
+    """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, the
+    Kubernetes DaemonSet of serve (kubernetes/) and the Grafana dashboard (grafana/)."""
     from agent.cli import deploy_files as df
 
     if (folder is None) == (not show):
         raise UsageProblem("name a folder to write the files into, or --print them")
     try:
-        files = df.render(binary or df.installed_binary(), textfile_dir, image)
+        chosen = df.TextfileDir(textfile_dir, "--textfile-dir") if textfile_dir else df.find_textfile_dir()
+        files = df.render(binary or df.installed_binary(), chosen.path, image)
     except df.DeployFilesError as exc:
         raise UsageProblem(str(exc)) from None
+    # Which directory, and why: on stderr with --print, whose stdout is the files themselves.
+    said = "textfile directory {}: {}{}\n".format(chosen.path, chosen.why, "" if os.path.isdir(chosen.path) else (
+        "; it does not exist here yet (install node_exporter first: record does not create it unless told "
+        "to, --create-textfile-dir)"))
     if show:
+        sys.stderr.write(said)
         for name, text in files.items():
             sys.stdout.write("# ==> {} <==\n{}\n".format(name, text))
         return
@@ -43,7 +52,7 @@ def deploy_files(
         written = df.write(folder, files)  # type: ignore[arg-type]
     except OSError as exc:
         raise UsageProblem("{}: {}".format(folder, exc.strerror or exc)) from None
-    sys.stdout.write("wrote {}\n".format(", ".join(written)))
+    sys.stdout.write("wrote {}\n{}".format(", ".join(written), said))
 
 
 def schema(

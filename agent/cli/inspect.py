@@ -341,6 +341,7 @@ def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -
     from agent.model.reconcile import inspect_snapshot
 
     try:
+        snap = _kept_startup(settings, target, snap)
         return inspect_snapshot(snap, target, settings.opts, history=_recorded(settings, target, snap))
     except EvidenceError as exc:
         return TargetFailure(target, "error", "snapshot.invalid", "the snapshot is not valid: {}".format(exc))
@@ -359,6 +360,16 @@ def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> O
     from agent.history.record import current_stats
 
     return current_stats(settings.db or history_mod.default_path(), snap)
+
+
+def _kept_startup(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Dict[str, Any]:
+    """On this machine, the startup its engine run's log no longer holds, as `kvforensics record` kept it."""
+    if not target.startswith("local:"):
+        return snap
+    from agent.history import store as history_mod
+    from agent.history.record import kept_startup
+
+    return kept_startup(settings.db or history_mod.default_path(), snap)
 
 
 def _render(settings: InspectSettings, results: List[Result]) -> None:

@@ -85,6 +85,15 @@ def _engine_port(value: Optional[int]) -> Optional[int]:
 Engine = Annotated[Optional[int], typer.Option("--engine", callback=_engine_port,
                                                help="Port of the inference server to explain when a node runs "
                                                     "several (default: the one holding most GPU memory).")]
+# record and serve: every engine on the node unless one is asked for.
+EngineFilter = Annotated[Optional[int], typer.Option("--engine", callback=_engine_port,
+                                                     help="Record only the inference server on this port (default: "
+                                                          "every engine on the node, each with its own run and "
+                                                          "series).")]
+NodeSeriesOption = Annotated[Optional[bool], typer.Option(
+    "--node-series/--no-node-series",
+    help="Export the node's own series (GPU and host memory, the node's collectors and findings, last success) "
+         "besides the engines' (default: yes, but not with --engine: one writer per node exports them).")]
 
 # The history database: record writes it, inspect, history and watch read it.
 Db = Annotated[Optional[str], typer.Option("--db",

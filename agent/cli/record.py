@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
 import typer
 
@@ -12,11 +12,12 @@ from agent.cli.options import (
     MARGIN_GIB,
     REQUEST_TOKENS,
     Db,
-    Engine,
+    EngineFilter,
     Http,
     Log,
     Margin,
     ModelConfig,
+    NodeSeriesOption,
     NvmlLib,
     RequestTokens,
     UsageProblem,
@@ -33,6 +34,11 @@ def record(
     prom_file: Annotated[Optional[str], typer.Option("--prom-file",
                                                      help="Write a Prometheus textfile here (atomically), for "
                                                           "node_exporter's textfile collector.")] = None,
+    create_textfile_dir: Annotated[bool, typer.Option("--create-textfile-dir",
+                                                      help="Create --prom-file's directory when it is missing "
+                                                           "(by default a missing one is an error: node_exporter "
+                                                           "reads its own directory, and a new one nothing "
+                                                           "reads).")] = False,
     samples: Annotated[int, typer.Option("--samples", help="Snapshots to take in this run.")] = 1,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between snapshots.")] = 10.0,
     keep: Annotated[Optional[str], typer.Option("--keep",
@@ -44,10 +50,12 @@ def record(
     log: Log = None,
     model_config: ModelConfig = None,
     http: Http = True,
-    engine: Engine = None,
+    engine: EngineFilter = None,
+    node_series: NodeSeriesOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
-    """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd."""
+    """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd.
+    Every engine on the node is recorded (--engine PORT: one)."""
     from agent.history import record as record_mod
     from agent.history import store as history
     from reports import prometheus
@@ -56,6 +64,8 @@ def record(
         raise UsageProblem("--samples must be 1–10000 and --interval 0–86400 seconds")
     keep_s = keep_seconds(keep)
     check_log_spec(log)
+    if prom_file:
+        _check_folder(prom_file, create_textfile_dir)  # before sampling: a cron run of 100 s ends in one line
     path = db or history.default_path()
     opts = analysis_options(margin, request_tokens)
 
@@ -63,7 +73,8 @@ def record(
     try:
         history.claim(path)  # a path that is not our history is refused before the lock is made beside it
         with history.Lock(path):
-            result = record_mod.record(path, collect, opts, samples, interval, keep_s, target=local_target())
+            result = record_mod.record(path, collect, opts, samples, interval, keep_s, target=local_target(),
+                                       port=engine)
     except history.Busy as exc:
         sys.stderr.write("kvforensics: {}\n".format(exc))
         return
@@ -74,37 +85,46 @@ def record(
                          "one at {}\n".format(result.moved_aside, path))
     if prom_file:
         try:
-            _ensure_folder(prom_file)
-            prometheus.write(prom_file, metrics_registry(result))
+            if create_textfile_dir:
+                _ensure_folder(prom_file)
+            prometheus.write(prom_file, metrics_registry(result, node_series_for(node_series, engine)))
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
-    _say_outcome(result, path, prom_file, quiet)
+    _report(result, path, prom_file, quiet)
 
 
-def _say_outcome(result, path: str, prom_file: Optional[str], quiet: bool) -> None:  # type: ignore[no-untyped-def]
+def _report(result: "RecordResult", path: str, prom_file: Optional[str], quiet: bool) -> None:
     """The run in one line on stdout (unless --quiet); what could not be collected in one line on stderr, even
     with --quiet (cron mails it), and exit 3 (README "Exit codes"): nothing at all, or no GPU (record keeps
     GPU memory history, so a run without NVML did not do its job)."""
-    insp = result.inspection
-    if insp.collected_nothing:
-        why = "; ".join(p.message for p in insp.problems[:3]) or "no GPU, no engine, no host memory"
+    if result.collected_nothing:
+        why = "; ".join(p.message for p in result.inspection.problems[:3]) or "no GPU, no engine, no host memory"
         sys.stderr.write("kvforensics: record collected nothing on this node ({}); the sample says so and "
                          "last_success is not updated\n".format(why))
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
     if not quiet:
-        st = result.stats
-        low = min((lw.min_free_bytes for lw in st.gpus if lw.min_free_bytes is not None and lw.rank), default=None)
-        sys.stdout.write("recorded {} sample(s) into {} (run {}: {} samples{}){}{}\n".format(
-            result.samples_written, path, st.run_key, st.samples,
-            ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else "",
-            "; pruned {}".format(result.pruned) if result.pruned else "",
-            "; wrote {}".format(prom_file) if prom_file else ""))
-    nvml = insp.snapshot.nvml
-    if nvml.unavailable or not insp.gpus:
+        _say_runs(result, path, prom_file)
+    nvml = result.inspection.snapshot.nvml
+    if nvml.unavailable or not result.inspection.gpus:
         why = "; ".join(p.message for p in nvml.problems) or "NVML reports no GPU"
         sys.stderr.write("kvforensics: record sampled no GPU ({}): the samples hold host memory and engine "
                          "processes only\n".format(why))
         raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
+
+
+def _say_runs(result: "RecordResult", path: str, prom_file: Optional[str]) -> None:
+    runs = []
+    for e in result.engines:
+        st = e.stats
+        low = min((lw.min_free_bytes for lw in st.gpus if lw.min_free_bytes is not None and lw.rank), default=None)
+        runs.append("{}run {}: {} samples{}".format(
+            e.inspection.engine + " " if e.inspection.engine else "", st.run_key, st.samples,
+            ", lowest free {:.2f} GiB".format(low / (1 << 30)) if low is not None else ""))
+    sys.stdout.write("recorded {} sample(s) into {} ({}){}{}{}\n".format(
+        result.samples_written, path, "; ".join(runs),
+        "; gone: {}".format(", ".join(r.engine for r in result.gone)) if result.gone else "",
+        "; pruned {}".format(result.pruned) if result.pruned else "",
+        "; wrote {}".format(prom_file) if prom_file else ""))
 
 
 def keep_seconds(keep: Optional[str]) -> Optional[float]:
@@ -126,28 +146,50 @@ def local_target() -> str:
 
 
 def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optional[str], http: bool,
-              engine: Optional[int]) -> Callable[[], Dict[str, Any]]:
-    """One snapshot of this node per call, with the collection options of record and serve."""
+              engine: Optional[int]) -> Callable[[], List[Dict[str, Any]]]:
+    """One look at this node per call: a snapshot per engine (--engine: that one), with the collection
+    options of record and serve."""
     from collectors import snapshot
 
-    def collect() -> Dict[str, Any]:
-        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
+    def collect() -> List[Dict[str, Any]]:
+        return snapshot.collect_each(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http,
+                                     engine=engine)
 
     return collect
 
 
-def metrics_registry(result: "RecordResult"):  # type: ignore[no-untyped-def]
+def node_series_for(flag: Optional[bool], engine: Optional[int]) -> bool:
+    """The node's own series are written unless --engine restricts this writer to one engine (a node
+    whose engines are recorded apart has one writer of the node's series: --node-series there)."""
+    return flag if flag is not None else engine is None
+
+
+def metrics_registry(result: "RecordResult", node: bool = True):  # type: ignore[no-untyped-def]
     """The Prometheus registry of one record result: the textfile's and serve's, so both export the same
     series with the same values for the same node."""
     from reports import prometheus
 
-    lows = {lw.gpu: lw for lw in result.stats.gpus}
-    return prometheus.registry(result.inspection, lows, result.stats.samples, result.run_min)
+    engines = tuple(prometheus.EngineSeries(inspection=e.inspection, low_water={lw.gpu: lw for lw in e.stats.gpus},
+                                            run_min=e.run_min, samples=e.stats.samples) for e in result.engines)
+    gone = tuple((("engine", r.engine),) + r.pod for r in result.gone)
+    return prometheus.registry(prometheus.NodeSeries(engines=engines, gone=gone, last_success=result.last_success,
+                                                     node=node))
+
+
+def _check_folder(path: str, create: bool) -> None:
+    """A missing textfile directory is refused unless --create-textfile-dir: node_exporter packages read
+    different directories, and one created where none reads would hide every metric without an error."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not create and not os.path.isdir(folder):
+        raise UsageProblem("--prom-file {}: the directory {} does not exist; node_exporter reads the one in its "
+                           "--collector.textfile.directory (kvforensics deploy-files finds it), or pass "
+                           "--create-textfile-dir to create this one".format(path, folder))
 
 
 def _ensure_folder(path: str) -> None:
-    """The textfile directory may not exist yet on a fresh node (node_exporter packages differ):
-    create it, readable by node_exporter."""
+    """--create-textfile-dir: create the textfile directory, readable by node_exporter."""
     import os
 
     folder = os.path.dirname(os.path.abspath(path))

@@ -13,11 +13,12 @@ from agent.cli.options import (
     MARGIN_GIB,
     REQUEST_TOKENS,
     Db,
-    Engine,
+    EngineFilter,
     Http,
     Log,
     Margin,
     ModelConfig,
+    NodeSeriesOption,
     NvmlLib,
     RequestTokens,
     UsageProblem,
@@ -46,7 +47,8 @@ def serve(
     log: Log = None,
     model_config: ModelConfig = None,
     http: Http = True,
-    engine: Engine = None,
+    engine: EngineFilter = None,
+    node_series: NodeSeriesOption = None,
 ) -> None:
     """Serve /metrics (the metrics record writes, sampled on scrape into the same history) and /healthz."""
     from agent.cli import record as record_cli
@@ -61,13 +63,14 @@ def serve(
     path = db or history.default_path()
     collect = record_cli.collector(nvml_lib, log, model_config, http, engine)
     target = record_cli.local_target()
+    node = record_cli.node_series_for(node_series, engine)
 
     def take() -> serving.Look:
-        result = serving.record_one(path, collect, opts, keep_s, target)
+        result = serving.record_one(path, collect, opts, keep_s, target, engine)
         if result.moved_aside:
             sys.stderr.write("kvforensics serve: the history file was not usable and was moved aside to {}; started "
                              "a new one at {}\n".format(result.moved_aside, path))
-        return serving.Look(record_cli.metrics_registry(result), not result.inspection.collected_nothing)
+        return serving.Look(record_cli.metrics_registry(result, node), not result.collected_nothing)
 
     sampler = serving.Sampler(take, interval_s)
     window = serving.health_window(interval_s)

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from agent.history import record as record_mod
 from agent.history import store as history
@@ -123,13 +123,13 @@ class Sampler:
             age, " (last attempt: {})".format(self._trouble) if self._trouble else ""))
 
 
-def record_one(db_path: str, collect: Callable[[], Dict[str, Any]], opts: Options, keep_s: Optional[float],
-               target: str) -> record_mod.RecordResult:
+def record_one(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, keep_s: Optional[float],
+               target: str, port: Optional[int] = None) -> record_mod.RecordResult:
     """One ``record`` sample under the history's lock; the lock held elsewhere is a Skip, never a wait:
     a ``record --samples 6 --interval 20`` holds it for 100 s, longer than any scrape timeout."""
     try:
         with history.Lock(db_path):
-            return record_mod.record(db_path, collect, opts, 1, 0.0, keep_s, target)
+            return record_mod.record(db_path, collect, opts, 1, 0.0, keep_s, target, port)
     except history.Busy:
         raise Skip("the history {} is locked by another kvforensics{}".format(db_path, _holder(db_path))) from None
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import quote
 
 APP_ID = 0x4B564653  # "KVFS" in PRAGMA application_id: tells our files from others
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_BYTES = 100  # the SQLite header; the application_id is its bytes 68–71, big-endian
 SIBLINGS = ("-wal", "-shm", "-journal")  # SQLite's own files beside the database: moved with it
@@ -73,6 +73,20 @@ MIGRATIONS: Sequence[str] = (
     CREATE TABLE engine_samples (
         sample_id INTEGER PRIMARY KEY REFERENCES samples(id) ON DELETE CASCADE, kv_tokens INTEGER,
         used_tokens INTEGER, token_usage REAL, running INTEGER, queued INTEGER);
+    """,
+    # 2 -> 3: one history for every engine on the node: each run's port and pod (an engine that is gone is
+    # still named by its labels), each GPU's PCI bus id and model (a lost GPU keeps them), and the startup
+    # each run's log held (reused when the log no longer holds it: rotated, truncated)
+    """
+    ALTER TABLE runs ADD COLUMN port INTEGER;
+    ALTER TABLE runs ADD COLUMN namespace TEXT;
+    ALTER TABLE runs ADD COLUMN pod TEXT;
+    ALTER TABLE runs ADD COLUMN container TEXT;
+    ALTER TABLE gpu_samples ADD COLUMN pci_bus_id TEXT;
+    ALTER TABLE gpu_samples ADD COLUMN name TEXT;
+    CREATE TABLE startups (
+        run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE, read_at REAL NOT NULL,
+        section TEXT NOT NULL);
     """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -143,7 +157,10 @@ BYTES = Kind("a byte count within 0–1 PiB", 0, 1 << 50)
 COUNT = Kind("a count within 0–2^40", 0, 1 << 40)
 SHARE = Kind("a share within 0–1", 0, 1, real=True)
 GPU = Kind("a GPU index within 0–65535", 0, 65535, required=True)
+PORT = Kind("a port within 0–65535", 0, 65535)
 TEXT = Kind("text of at most 4096 characters without control characters", hi=4096, text=True)
+# A startup's log section as JSON (ASCII: every control character escaped), at most 64 MiB.
+SECTION = Kind("a JSON startup section of at most 64 MiB", hi=64 << 20, text=True, required=True)
 
 
 TIME_REQUIRED = Kind(TIME.what, TIME.lo, TIME.hi, real=True, required=True)
@@ -151,9 +168,10 @@ TEXT_REQUIRED = Kind(TEXT.what, hi=TEXT.hi, text=True, required=True)
 
 
 RUN_FIELDS = {"host": TEXT, "engine": TEXT, "started_at": TIME, "version_hint": TEXT, "model": TEXT,
-              "mem_fraction_static": SHARE, "pre_load_free_bytes": BYTES, "bytes_per_token": COUNT}
+              "mem_fraction_static": SHARE, "pre_load_free_bytes": BYTES, "bytes_per_token": COUNT, "port": PORT,
+              "namespace": TEXT, "pod": TEXT, "container": TEXT}
 GPU_FIELDS = {"uuid": TEXT, "rank": TEXT, "total_bytes": BYTES, "reserved_bytes": BYTES, "used_bytes": BYTES,
-              "free_bytes": BYTES, "engine_used_bytes": BYTES}
+              "free_bytes": BYTES, "engine_used_bytes": BYTES, "pci_bus_id": TEXT, "name": TEXT}
 ENGINE_FIELDS = {"kv_tokens": COUNT, "used_tokens": COUNT, "token_usage": SHARE, "running": COUNT, "queued": COUNT}
 
 
@@ -337,18 +355,18 @@ def _layout_problem(found: Layout, version: int) -> Optional[str]:
 
 # --- opening -------------------------------------------------------------------------------
 
-def open_db(path: str, create: bool = True, run_key: Optional[str] = None) -> Opened:
+def open_db(path: str, create: bool = True, run_keys: Sequence[str] = ()) -> Opened:
     """Open (and, for record, create or migrate) our history. Not ours: Refused, untouched. Ours but
     damaged: Corrupt, or with ``create`` moved aside (never overwritten: as it was, before any write)
-    and a new one started. ``run_key``: the engine run record is about to write; what it will read of
-    the history is read first."""
+    and a new one started. ``run_keys``: the engine runs record is about to write (one per engine); what
+    it will read of the history is read first."""
     kind = claim(path)
     if not create and kind in (MISSING, EMPTY):
         raise HistoryError("{}: no history yet (kvforensics record creates it)".format(path))
     if create:
         _ensure_folder(path)
     try:
-        conn = _connect(path, kind, create, run_key)
+        conn = _connect(path, kind, create, tuple(run_keys))
     except Corrupt as exc:
         if kind not in (OURS, UNSTAMPED):  # an empty SQLite file that fails is nobody's history we know
             raise _left(path, "is an SQLite file kvforensics cannot use ({})".format(exc.why)) from None
@@ -361,7 +379,7 @@ def open_db(path: str, create: bool = True, run_key: Optional[str] = None) -> Op
 def fresh(path: str, why: str) -> Opened:
     """Move our unusable history aside and start a new one; the caller holds the Lock."""
     aside = "{} ({})".format(_move_aside(path), why)
-    return Opened(_connect(path, claim(path), True, None), path, aside)
+    return Opened(_connect(path, claim(path), True, ()), path, aside)
 
 
 def _ensure_folder(path: str) -> None:
@@ -375,15 +393,15 @@ def _ensure_folder(path: str) -> None:
         raise HistoryError("{} is not writable (use --db PATH or KVFORENSICS_DB)".format(folder))
 
 
-def _connect(path: str, kind: str, create: bool, run_key: Optional[str]) -> sqlite3.Connection:
+def _connect(path: str, kind: str, create: bool, run_keys: Tuple[str, ...]) -> sqlite3.Connection:
     """A connection to our history, checked: the header, quick_check, the exact tables, and for record
     the values it will read. All before the first write, so a file moved aside is the file found."""
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     try:
         conn.text_factory = _text
         version = _check(conn, path, kind, create)
-        if create and run_key is not None:
-            _read_before_write(conn, run_key, version)
+        if create:
+            _read_before_write(conn, run_keys, version)
         conn.execute("PRAGMA foreign_keys = ON")
         if create:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -542,8 +560,9 @@ def add_sample(conn: sqlite3.Connection, run_id: int, taken_at: float, collected
         for g in gpus:
             if not GPU.fits(g["gpu"]):
                 continue  # a driver's index no reader would take: the GPU is left out, not the sample
-            conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         [sid, g["gpu"]] + [_kept(kind, g.get(k)) for k, kind in GPU_FIELDS.items()])
+            conn.execute("INSERT INTO gpu_samples (sample_id, gpu, {}) VALUES ({})".format(
+                ", ".join(GPU_FIELDS), ", ".join("?" * (2 + len(GPU_FIELDS)))),
+                [sid, g["gpu"]] + [_kept(kind, g.get(k)) for k, kind in GPU_FIELDS.items()])
         if engine:
             conn.execute("INSERT INTO engine_samples VALUES (?, ?, ?, ?, ?, ?)",
                          [sid] + [_kept(kind, engine.get(k)) for k, kind in ENGINE_FIELDS.items()])
@@ -554,21 +573,25 @@ def add_sample(conn: sqlite3.Connection, run_id: int, taken_at: float, collected
         raise
 
 
+def _not_in(runs: Sequence[int]) -> str:
+    return "(run_id IS NULL OR run_id NOT IN ({}))".format(", ".join(str(int(r)) for r in runs))
+
+
 @_reading
-def prune(conn: sqlite3.Connection, older_than: float, keep_run: Optional[int] = None) -> int:
+def prune(conn: sqlite3.Connection, older_than: float, keep_runs: Sequence[int] = ()) -> int:
     """Delete samples taken before ``older_than`` (and runs left empty). Returns samples removed.
 
-    The clock is not trusted: the cutoff is never later than the newest sample before this run
+    The clock is not trusted: the cutoff is never later than the newest sample before these runs
     minus the same window (a clock jumped 400 days ahead must not erase the history), and the
-    current run's samples (``keep_run``) are never removed."""
-    window_end = _newest(conn, keep_run)
+    current runs' samples (``keep_runs``, one per engine) are never removed."""
+    window_end = _newest(conn, keep_runs)
     if window_end is not None:
         now = time.time()
         older_than = min(older_than, window_end - max(0.0, now - older_than))
     conn.execute("BEGIN IMMEDIATE")
     try:
-        n = conn.execute("DELETE FROM samples WHERE taken_at < ? AND run_id IS NOT ?",
-                         (older_than, keep_run)).rowcount
+        n = conn.execute("DELETE FROM samples WHERE taken_at < ? AND {}".format(_not_in(keep_runs)),
+                         (older_than,)).rowcount
         conn.execute("DELETE FROM runs WHERE id NOT IN (SELECT DISTINCT run_id FROM samples)")
         conn.execute("COMMIT")
         return n
@@ -577,25 +600,29 @@ def prune(conn: sqlite3.Connection, older_than: float, keep_run: Optional[int] =
         raise
 
 
-def _newest(conn: sqlite3.Connection, other_than: Optional[int]) -> Optional[float]:
-    """The newest sample's time outside run ``other_than`` (MAX sorts text and blobs above numbers, so
+def _newest(conn: sqlite3.Connection, other_than: Sequence[int]) -> Optional[float]:
+    """The newest sample's time outside runs ``other_than`` (MAX sorts text and blobs above numbers, so
     one checked value covers the column)."""
-    at = conn.execute("SELECT MAX(taken_at) FROM samples WHERE run_id IS NOT ?", (other_than,)).fetchone()[0]
+    at = conn.execute("SELECT MAX(taken_at) FROM samples WHERE {}".format(_not_in(other_than))).fetchone()[0]
     return _typed(TIME, at, "samples.taken_at")
 
 
 @_reading
-def _read_before_write(conn: sqlite3.Connection, run_key: str, version: int) -> None:
-    """What record will read, read before it writes: the runs (one row per engine run: few), every
-    sample's time, and this engine run's figures (tables of the current schema only: an older one is
-    migrated first)."""
+def _read_before_write(conn: sqlite3.Connection, run_keys: Tuple[str, ...], version: int) -> None:
+    """What record will read, read before it writes: the runs (one row per engine run: few) with their
+    labels, every sample's time, and these engine runs' figures and startups (tables of the current
+    schema only: an older one is migrated first)."""
     if version == 0:
         return  # nothing in it yet
-    rid = run_id_for(conn, run_key)
-    if rid is not None and version == SCHEMA_VERSION:
-        run_stats(conn, rid)
+    for key in run_keys if version == SCHEMA_VERSION else ():
+        rid = run_id_for(conn, key)
+        if rid is not None:
+            run_stats(conn, rid)
+            startup(conn, rid)
     for row in conn.execute("SELECT {} FROM runs".format(RUN_COLUMNS)):
         _run_row(row)
+    if version == SCHEMA_VERSION:
+        recent_runs(conn, None)
     # every sample time within bounds (the index answers both): then so is prune's newest of any subset
     low, high = conn.execute("SELECT MIN(taken_at), MAX(taken_at) FROM samples").fetchone()
     _typed(TIME, low, "samples.taken_at")
@@ -614,6 +641,8 @@ class GpuLowWater:
     max_free_bytes: Optional[int]
     last_free_bytes: Optional[int]
     min_free_at: Optional[float]
+    pci_bus_id: Optional[str] = None  # as NVML last named them: a lost GPU's series keep their labels
+    name: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -653,7 +682,8 @@ def run_stats(conn: sqlite3.Connection, run_id: int, since: Optional[float] = No
     samples = conn.execute("SELECT COUNT(*) FROM samples s WHERE {} AND s.collected = 1".format(where),
                            args).fetchone()[0]
     gpus = tuple(_low_water(conn, where, args, row) for row in conn.execute(
-        "SELECT g.gpu, MAX(g.uuid), MAX(g.rank), COUNT(g.free_bytes), MIN(g.free_bytes), MAX(g.free_bytes) "
+        "SELECT g.gpu, MAX(g.uuid), MAX(g.rank), COUNT(g.free_bytes), MIN(g.free_bytes), MAX(g.free_bytes), "
+        "MAX(g.pci_bus_id), MAX(g.name) "
         "FROM gpu_samples g JOIN samples s ON s.id = g.sample_id WHERE {} GROUP BY g.gpu ORDER BY "
         "g.gpu".format(where), args).fetchall())
     # MAX sorts text and blobs above numbers: one checked value stands for the column
@@ -688,7 +718,9 @@ def _low_water(conn: sqlite3.Connection, where: str, args: List[Any], row: Seque
                        rank=_typed(TEXT, row[2], "gpu_samples.rank"), samples=row[3], min_free_bytes=low,
                        max_free_bytes=high,
                        last_free_bytes=_typed(BYTES, last[0] if last else None, "gpu_samples.free_bytes"),
-                       min_free_at=_typed(TIME, at[0] if at else None, "samples.taken_at"))
+                       min_free_at=_typed(TIME, at[0] if at else None, "samples.taken_at"),
+                       pci_bus_id=_typed(TEXT, row[6], "gpu_samples.pci_bus_id"),
+                       name=_typed(TEXT, row[7], "gpu_samples.name"))
 
 
 @_reading
@@ -705,6 +737,88 @@ def runs(conn: sqlite3.Connection, since: Optional[float] = None) -> List[int]:
 def run_id_for(conn: sqlite3.Connection, run_key: str) -> Optional[int]:
     row = conn.execute("SELECT id FROM runs WHERE run_key = ?", (run_key,)).fetchone()
     return int(row[0]) if row else None
+
+
+@dataclass(frozen=True)
+class RecentRun:
+    """An engine run as the history names it: enough to say that its engine is gone."""
+
+    run_key: str
+    engine: str  # "<engine>-<port>"
+    port: Optional[int]
+    pod: Tuple[Tuple[str, str], ...]  # (label, value): namespace, pod, container when it ran in a pod
+    first_seen: float
+    last_seen: float
+
+
+_RECENT = "run_key, engine, port, namespace, pod, container, first_seen, last_seen"
+
+
+def _recent_row(row: Sequence[Any]) -> RecentRun:
+    pod = tuple((name, _typed(TEXT, value, "runs." + name)) for name, value in zip(("namespace", "pod", "container"),
+                                                                                    row[3:6]))
+    return RecentRun(run_key=_typed(TEXT_REQUIRED, row[0], "runs.run_key"),
+                     engine=_typed(TEXT_REQUIRED, row[1], "runs.engine"), port=_typed(PORT, row[2], "runs.port"),
+                     pod=tuple((k, v) for k, v in pod if v is not None),
+                     first_seen=_typed(TIME_REQUIRED, row[6], "runs.first_seen"),
+                     last_seen=_typed(TIME_REQUIRED, row[7], "runs.last_seen"))
+
+
+@_reading
+def recent_runs(conn: sqlite3.Connection, since: Optional[float]) -> List[RecentRun]:
+    """The engine runs last seen at or after ``since`` (all when None), most recently seen last."""
+    where, args = ("engine IS NOT NULL", []) if since is None else ("engine IS NOT NULL AND last_seen >= ?",
+                                                                    [since])
+    return [_recent_row(r) for r in conn.execute("SELECT {} FROM runs WHERE {} ORDER BY last_seen, id".format(
+        _RECENT, where), args)]
+
+
+@_reading
+def last_success(conn: sqlite3.Connection) -> Optional[float]:
+    """When the last sample that collected something was taken (the last inserted: clocks jump)."""
+    row = conn.execute("SELECT taken_at FROM samples WHERE collected = 1 ORDER BY id DESC LIMIT 1").fetchone()
+    return _typed(TIME, row[0], "samples.taken_at") if row else None
+
+
+@dataclass(frozen=True)
+class KeptStartup:
+    read_at: float  # when its log last held it
+    section: Dict[str, Any]  # the snapshot's engine_log section as read then
+
+
+@_reading
+def startup(conn: sqlite3.Connection, run_id: int) -> Optional[KeptStartup]:
+    """The startup section kept for an engine run (the snapshot's ``engine_log`` as its log held it), or
+    None. Checked against the snapshot schema: anything else was not written by kvforensics."""
+    from agent.model import evidence
+
+    row = conn.execute("SELECT read_at, section FROM startups WHERE run_id = ?", (run_id,)).fetchone()
+    if row is None:
+        return None
+    _typed(TIME_REQUIRED, row[0], "startups.read_at")
+    text = _typed(SECTION, row[1], "startups.section")
+    try:
+        section = evidence.loads(text)
+        evidence.check_section("engine_log", section)
+    except evidence.EvidenceError as exc:
+        raise Corrupt("startups.section is not a startup section ({})".format(exc)) from None
+    return KeptStartup(read_at=row[0], section=section)
+
+
+@_reading
+def save_startup(conn: sqlite3.Connection, run_id: int, section: Dict[str, Any], now: float) -> bool:
+    """Keep the startup an engine run's log holds now; False when it is kept already (or too large)."""
+    import json
+
+    text = json.dumps(section, ensure_ascii=True, sort_keys=True, allow_nan=False)
+    if not SECTION.fits(text):
+        return False  # a startup over 64 MiB is not kept: its log is read as before
+    row = conn.execute("SELECT section FROM startups WHERE run_id = ?", (run_id,)).fetchone()
+    if row is not None and row[0] == text:
+        return False
+    conn.execute("INSERT OR REPLACE INTO startups (run_id, read_at, section) VALUES (?, ?, ?)",
+                 (run_id, _now_checked(now), text))
+    return True
 
 
 @_reading

@@ -18,6 +18,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from agent.model.records import Problem
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
+# The collector runs about the engine a snapshot explains (collectors/snapshot.py): one each per engine
+# when a look explains every engine; the others are the node's, whichever engine is explained.
+ENGINE_COLLECTORS = ("engine_log", "model_config", "engine_http")
 
 
 class EvidenceError(Exception):
@@ -62,6 +65,25 @@ def check(name: str, document: Any) -> None:
         raise EvidenceError("{}: {}".format(where, message))
 
 
+@lru_cache(maxsize=None)
+def _section_validator(name: str):  # type: ignore[no-untyped-def]
+    import jsonschema
+
+    defs = schema("snapshot")["$defs"]
+    return jsonschema.Draft202012Validator({"$ref": "#/$defs/{}".format(name), "$defs": defs})
+
+
+def check_section(name: str, section: Any) -> None:
+    """Raise EvidenceError unless ``section`` is a valid snapshot section ``name`` (a ``$defs`` entry, e.g.
+    ``engine_log``): what the history keeps of a snapshot is checked as the snapshot would be."""
+    if not isinstance(section, dict):
+        raise EvidenceError("{}: not an object".format(name))
+    error = next(iter(_section_validator(name).iter_errors(section)), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or name
+        raise EvidenceError("{}: {}".format(where, error.message[:160]))
+
+
 @dataclass(frozen=True)
 class GpuProcessSeen:
     pid: int
@@ -80,6 +102,7 @@ class Gpu:
     free_bytes: Optional[int]
     processes: Tuple[GpuProcessSeen, ...]
     problems: Tuple[Problem, ...]
+    pci_bus_id: Optional[str] = None  # NVML's "00000000:18:00.0", as dcgm-exporter labels it
 
 
 @dataclass(frozen=True)
@@ -239,7 +262,7 @@ def _gpu(d: Mapping[str, Any]) -> Gpu:
                free_bytes=d.get("free_bytes"),
                processes=tuple(GpuProcessSeen(pid=p["pid"], used_bytes=p.get("used_bytes"))
                                for p in d.get("processes") or ()),
-               problems=_problems(d))
+               problems=_problems(d), pci_bus_id=d.get("pci_bus_id"))
 
 
 def _engine(d: Mapping[str, Any]) -> Engine:

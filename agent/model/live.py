@@ -78,6 +78,7 @@ class GpuLedger:
     rank: Optional[str] = None  # the engine rank running here
     items: Tuple[LedgerItem, ...] = ()  # sums to used (+ reserved + free)
     problems: Tuple[Problem, ...] = ()
+    pci_bus_id: Optional[str] = None
 
     def held_by(self, owner: Owner) -> int:
         return sum(p.used_bytes or 0 for p in self.processes if p.owner is owner)

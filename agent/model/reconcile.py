@@ -103,7 +103,7 @@ def _gpu_ledger(gpu: Gpu, procs: Mapping[int, Process], placed: Dict[int, Tuple[
     items = _items(gpu, processes, placed[ranked.pid][1] if ranked else [])
     return GpuLedger(index=gpu.index, status=gpu.status, uuid=gpu.uuid, name=gpu.name, total_bytes=gpu.total_bytes,
                      reserved_bytes=gpu.reserved_bytes, used_bytes=gpu.used_bytes, free_bytes=gpu.free_bytes,
-                     processes=tuple(processes), rank=rank, items=tuple(items),
+                     processes=tuple(processes), rank=rank, items=tuple(items), pci_bus_id=gpu.pci_bus_id,
                      problems=tuple(Problem(p.code, "GPU {}: {}".format(gpu.index, p.message)) for p in gpu.problems))
 
 

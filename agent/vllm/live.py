@@ -5,7 +5,8 @@ of this very run), by its process title against the log's prefix (``VLLM::Worker
 ``Worker_TP0 pid=…``, titles since 0.10.1), or, for the log's lines without a prefix (V0's driver
 worker), as the server process when it holds a GPU itself, else as the one untitled engine process
 on a GPU that no PID names (the engine process V0's OpenAI server spawns from 0.6.0). A worker the log does not name
-keeps its title (``Worker_TP1``) or ``pid N`` and gets no logged items: NVML's figure stands whole.
+keeps its title (``Worker_TP1``), else is named by its GPU (``worker GPU1``: a label that survives a
+restart, never its PID), and gets no logged items: NVML's figure stands whole.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def place(engine: Engine, analysis: Optional[Analysis],
         if proc.pid not in gpu_of:
             continue
         w = by_pid.get(proc.pid) or (by_name.get(title) if title else None) or _engine_core(title, workers)
-        out[proc.pid] = (_label(w, title or "pid {}".format(proc.pid), proc.pid, names, gpu_of), logged_items(w))
+        fallback = title or "worker GPU{}".format(gpu_of[proc.pid])  # metrics key on it: never the PID
+        out[proc.pid] = (_label(w, fallback, proc.pid, names, gpu_of), logged_items(w))
         if w is None and not title:
             unmatched.append(proc.pid)
     out.update(_driver(engine, workers, by_pid, names, gpu_of, unmatched))
