@@ -14,7 +14,7 @@ from agent.model.records import Finding, KvChange, Options, Problem, Recommendat
 from agent.sglang import budget as budget_mod
 from agent.sglang import era as era_mod
 from agent.sglang import stages
-from agent.sglang.attribution import Attributed, attribute
+from agent.sglang.attribution import Attributed, attribute, pool_key
 from agent.sglang.budget import Budget, ReqToToken
 from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry
 from agent.sglang.ledger import RankLedger, ledgers
@@ -264,8 +264,9 @@ def _swa_full_tokens(attributed: Attributed) -> Optional[int]:
 
 
 def _first_kv_tokens(attributed: Attributed) -> Optional[int]:
-    """#tokens of the first KV pool line (before any post-capture re-sizing)."""
-    first_kv = next((e for r in attributed.ranks for e in r.target.all("kv_pool") if e.data.get("tokens")), None)
+    """#tokens of the first full-attention KV pool line (before any post-capture re-sizing)."""
+    first_kv = next((e for r in attributed.ranks for e in r.target.all("kv_pool")
+                     if e.data.get("tokens") and pool_key(e, r.swa_split) != "SWA"), None)
     return first_kv.data["tokens"] if first_kv else None
 
 

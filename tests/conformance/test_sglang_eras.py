@@ -297,3 +297,45 @@ def test_worked_examples_from_the_source():
     assert _profiled(MLA_CELL) == 464505
     assert _profiled(MHA_CELL) == 249036
     assert math.isclose(REST_GIB, 30.4)
+
+
+def _swa_lines(d: str, draft: bool) -> tuple:
+    """A 0.5.16 hybrid sliding-window startup (HybridSWAPoolConfigurator, pool_configurator.py): cell =
+    F × n_full + r × S × n_swa; full = floor(rest / cell), swa = floor(full × r). SWAKVPool.__init__
+    (swa_memory_pool.py, 0.5.16) logs the SWA half, then the full half, both unlabelled, then the total."""
+    per_layer, n_full, n_swa, ratio = 8 * 256 * 2, 8, 40, 0.8
+    cell = per_layer * n_full + ratio * per_layer * n_swa
+    full = int(int(REST_GIB * (1 << 30)) // cell)
+    swa = int(full * ratio)
+    kv_swa, kv_full = (swa + 1) * per_layer * n_swa / 2, (full + 1) * per_layer * n_full / 2
+    pool = "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB"
+    algo = ", speculative_algorithm='EAGLE'" if draft else ""
+    args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1{})".format(MFS, algo)
+    lines = _loaded(d, args)
+    if draft:
+        lines += ["[{}] Load weight begin. avail mem={:.2f} GB".format(d, POST),
+                  "[{}] Load weight end. elapsed=1.00 s, type=LlamaForCausalLMEagle, quant=None, avail mem={:.2f} GB, "
+                  "mem usage=0.00 GB.".format(d, POST)]
+    lines += ["[{}] Use sliding window memory pool. full_layer_tokens={}, swa_layer_tokens={}".format(d, full, swa),
+              pool.format(d, swa, _gb(kv_swa), _gb(kv_swa)), pool.format(d, full, _gb(kv_full), _gb(kv_full)),
+              "[{}] SWAKVPool mem usage: {} GB, swa size: {}, full size: {}".format(d, _gb(2 * (kv_swa + kv_full)), swa,
+                                                                                   full)]
+    if draft:
+        lines.append(pool.format(d, full, "0.10", "0.10"))
+    lines += ["[{}] Memory pool end. avail mem=9.80 GB".format(d),
+              "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+              "max_running_requests=2048, context_len=131072, available_gpu_mem=9.70 GB".format(d, full)]
+    return lines, full, 2 * (kv_swa + kv_full)
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_0_5_16_hybrid_swa_pool_reports_the_full_attention_pool(tmp_path, draft):
+    """The KV tokens are the full-attention pool's (= max_total_num_tokens), not the SWA half's printed
+    first; the KV bytes are both halves (the SWAKVPool total), also when an EAGLE draft's pool follows."""
+    lines, full, total = _swa_lines("2026-07-20 10:00:00", draft)
+    t = _analyze(tmp_path, lines)
+    rank = t["startup"]["ranks"][0]
+    assert rank["kv_tokens"] == full
+    assert abs(rank["kv_bytes"] - total) <= 4 * GIB // 200
+    if not draft:
+        _agrees(t, full)
