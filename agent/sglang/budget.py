@@ -193,7 +193,7 @@ def _compute_one(era: Era, inputs: Inputs) -> Budget:
     server_args, the fraction back-solved from the logged pool."""
     cell, cell_lo, cell_hi, cell_source = _cell(inputs.ranks, inputs.page_size, inputs.draft_first,
                                                 inputs.cell_from_config, inputs.cell_config_formula,
-                                                inputs.swa_full_tokens)
+                                                inputs.swa_full_tokens, inputs.summary_tokens)
     empty = _unpredicted(era, inputs, cell, cell_source)
     pre, post = empty.pre_min_bytes, empty.post_min_bytes
     if pre is None or post is None or pre <= 0:
@@ -442,16 +442,18 @@ def _draft_scaled_cell(cells: Tuple[float, float, float], rest_lo: float, rest_h
 
 
 def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
-          from_config: Optional[int], config_formula: str, swa_full_tokens: Optional[int] = None
-          ) -> Tuple[Optional[int], Optional[float], Optional[float], str]:
+          from_config: Optional[int], config_formula: str, swa_full_tokens: Optional[int] = None,
+          summary_tokens: Optional[int] = None) -> Tuple[Optional[int], Optional[float], Optional[float], str]:
     """The target's bytes per token, and its uncertainty when taken from the log (the pool has
     #tokens + page_size rows, memory_pool.py). The 0.5.14+ draft scaling is applied by the caller."""
     if from_config is not None:
         return from_config, None, None, "--model-config: " + config_formula
     for r in ranks:
         t = r.target
-        if t.kv_tokens is None or t.kv_bytes is None:
+        if t.kv_bytes is None or (t.kv_tokens is None and not summary_tokens):
             continue
+        if t.kv_tokens is None:
+            return _cell_from_summary(t.kv_bytes, summary_tokens or 0, page_size)
         if swa_full_tokens:  # every pool's bytes per full-attention token (SGLang 0.5.11+ hybrid SWA)
             rows = swa_full_tokens + page_size
             kv = t.kv_bytes
@@ -462,6 +464,15 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
         return (int(round(t.kv_bytes / rows)), (t.kv_bytes - HALF) / rows, (t.kv_bytes + HALF) / rows,
                 "the target's KV size / (#tokens + page_size) from the log")
     return None, None, None, ""
+
+
+def _cell_from_summary(kv_bytes: int, tokens: int, page_size: int) -> Tuple[int, float, float, str]:
+    """0.4.2–0.4.3 print 'KV Cache is allocated. K size: …, V size: …' without #tokens
+    (MHATokenToKVPool.__init__, memory_pool.py, sglang 0.4.2); the pool holds max_total_num_tokens
+    (the scheduler's summary) + 1 padding row."""
+    rows = tokens + page_size
+    return (int(round(kv_bytes / rows)), (kv_bytes - HALF) / rows, (kv_bytes + HALF) / rows,
+            "the target's KV size / (max_total_num_tokens + page_size) from the log (the KV line has no #tokens)")
 
 
 def _differs(logged: int, lo: int, hi: int, cell: int, ranks: Tuple[RankLedger, ...]) -> str:

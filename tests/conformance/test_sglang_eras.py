@@ -19,7 +19,7 @@ import pytest
 
 from agent.sglang.era import Era
 from agent.sglang.kv_geometry import geometry
-from tests.conftest import GIB, run_json
+from tests.conftest import GIB, run_cli, run_json
 
 PRE, POST, MFS = 80.0, 40.0, 0.88
 REST_GIB = POST - PRE * (1 - MFS)  # 30.4, a float as SGLang computes it (get_available_gpu_memory is GiB)
@@ -339,3 +339,26 @@ def test_0_5_16_hybrid_swa_pool_reports_the_full_attention_pool(tmp_path, draft)
     assert abs(rank["kv_bytes"] - total) <= 4 * GIB // 200
     if not draft:
         _agrees(t, full)
+
+
+def test_0_4_2_kv_line_without_tokens_takes_the_count_from_the_summary(tmp_path):
+    """0.4.2–0.4.3 print 'KV Cache is allocated. K size: …, V size: …' without #tokens
+    (MHATokenToKVPool.__init__, memory_pool.py 0.4.2); the pool holds max_total_num_tokens + 1 rows, so the
+    bytes per token come from the summary's count, and the check agrees without --model-config (text and
+    JSON alike)."""
+    t_exp = _profiled(MHA_CELL)
+    kv = (t_exp + 1) * MHA_CELL / 2
+    d = "2025-01-27 10:00:00"
+    lines = ["[{}] server_args=ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1)".format(d, MFS),
+             "[{} TP0] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
+             "[{} TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB".format(d, POST),
+             "[{} TP0] KV Cache is allocated. K size: {} GB, V size: {} GB.".format(d, _gb(kv), _gb(kv)),
+             "[{} TP0] Memory pool end. avail mem=9.50 GB".format(d),
+             "[{} TP0] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+             "max_running_requests=4097, context_len=32768".format(d, t_exp)]
+    t = _analyze(tmp_path, lines)
+    b = _agrees(t, t_exp)
+    assert b["bytes_per_token"] == MHA_CELL
+    log = tmp_path / "startup.log"
+    _, text, _ = run_cli(["analyze", str(log), "--detail", "--fail-on", "never"])
+    assert "the log says {:,}: agrees".format(t_exp) in text, text
