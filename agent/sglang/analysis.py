@@ -16,7 +16,7 @@ from agent.sglang import era as era_mod
 from agent.sglang import stages
 from agent.sglang.attribution import Attributed, attribute, pool_key
 from agent.sglang.budget import Budget, ReqToToken
-from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry
+from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry, mla_layers_from_pool, MLA_WIDTH
 from agent.sglang.ledger import RankLedger, ledgers
 from agent.sglang.stages import Failure, Progress
 from collectors.events import LogEvent
@@ -237,11 +237,14 @@ def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page
     """The KV budget from the ledgers without the reserve (the budget is what gives it), checked
     against the post-capture re-sizing when the startup did one."""
     first = ledgers(attributed, page, None, "", None, "")
+    draft_first = _draft_loaded_first(attributed)
+    cell_geo = geo or (_mla_from_log(attributed, page) if draft_first else None)
+    cell_formula = ("--model-config: " if cell_geo is geo else "the log: ") + cell_geo.formula if cell_geo else ""
     bud = budget_mod.compute(era, budget_mod.Inputs(
-        args=args, ranks=first, page_size=page, cell_from_config=geo.bytes_per_token if geo else None,
-        cell_config_formula=geo.formula if geo else "", mm_reserve=mm, draft_first=_draft_loaded_first(attributed),
+        args=args, ranks=first, page_size=page, cell_from_config=cell_geo.bytes_per_token if cell_geo else None,
+        cell_config_formula=cell_formula, mm_reserve=mm, draft_first=draft_first,
         mfs_origin=_mfs_origin(attributed.server_args), swa_full_tokens=_swa_full_tokens(attributed),
-        context_len=summary.context_len, target_layers=geo.layers if geo else None,
+        context_len=summary.context_len, target_layers=cell_geo.layers if cell_geo else None,
         logged_tokens=_first_kv_tokens(attributed), summary_tokens=summary.max_total_num_tokens))
     resized = next((e for r in attributed.ranks for e in r.target.all("post_capture_kv")), None)
     if resized is not None:
@@ -261,6 +264,22 @@ def _swa_full_tokens(attributed: Attributed) -> Optional[int]:
     """The full-attention token count of a hybrid sliding-window pool."""
     splits = (e for e in attributed.other if e.kind == "swa_split" and e.data.get("full_tokens"))
     return next((e.data["full_tokens"] for e in splits), None)
+
+
+def _mla_from_log(attributed: Attributed, page: int) -> Optional[KvGeometry]:
+    """Without --model-config, for the 0.5.14+ draft scaling: the target's MLA geometry from its own pool
+    line (None for MHA, NSA, or a line without dtype or #tokens)."""
+    pool = next((e for r in attributed.ranks for e in r.target.all("kv_pool")), None)
+    if pool is None or pool.data.get("layout") != "single" or not pool.data.get("tokens"):
+        return None
+    found = mla_layers_from_pool(pool.data["kv_bytes"], pool.data["tokens"], page, pool.data.get("dtype"),
+                                 budget_mod.HALF)
+    if found is None:
+        return None
+    layers, elem = found
+    return KvGeometry(kind="mla", layers=layers, bytes_per_token=MLA_WIDTH * elem * layers,
+                      dtype=str(pool.data.get("dtype")), formula="(512 + 64) × {} layers × {} B, the layers from {} "
+                      "(KV size / ((512 + 64) × {} B × (#tokens + page_size)))".format(layers, elem, where(pool), elem))
 
 
 def _first_kv_tokens(attributed: Attributed) -> Optional[int]:

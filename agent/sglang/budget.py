@@ -121,7 +121,7 @@ class Inputs:
     mfs_origin: str = "server_args mem_fraction_static"
     swa_full_tokens: Optional[int] = None
     context_len: Optional[int] = None
-    target_layers: Optional[int] = None  # from --model-config: the 0.5.14+ draft scaling needs it
+    target_layers: Optional[int] = None  # from --model-config or an MLA pool line: the 0.5.14+ draft scaling needs it
     logged_tokens: Optional[int] = None  # the first (pre-capture) KV line's #tokens
     summary_tokens: Optional[int] = None  # max_total_num_tokens: the count when no KV line gives one (≤0.4.3)
 
@@ -295,7 +295,8 @@ def _predicted(era: Era, inputs: Inputs, empty: Budget, cells: Tuple[Any, Any, A
         if scaled is None:
             return _replace(empty, reserve_bytes=reserve, rest_bytes=rest, steps=tuple(steps), explanation=(
                 "0.5.14+ divides by the target's bytes per token × (1 + draft layers / target layers); the "
-                "target's layer count comes from --model-config{}".format(
+                "target's layer count is missing: pass --model-config (in the log only an MLA pool line with "
+                "dtype and #tokens gives it){}".format(
                     _implied_draft_ratio(rest, logged, empty.cell_bytes))))
         cells = scaled
     cell_mid, cell_lo, cell_hi = cells
@@ -447,7 +448,7 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
     """The target's bytes per token, and its uncertainty when taken from the log (the pool has
     #tokens + page_size rows, memory_pool.py). The 0.5.14+ draft scaling is applied by the caller."""
     if from_config is not None:
-        return from_config, None, None, "--model-config: " + config_formula
+        return from_config, None, None, config_formula
     for r in ranks:
         t = r.target
         if t.kv_bytes is None or (t.kv_tokens is None and not summary_tokens):

@@ -189,7 +189,8 @@ def test_0_5_7_to_0_5_13_draft_after_the_pool_no_headroom(tmp_path, straddle):
     assert "draft_in_reserve" in [f["code"] for f in t["findings"]]
 
 
-def test_0_5_14_mla_target_with_an_mha_eagle3_draft(tmp_path):
+@pytest.mark.parametrize("with_config", [True, False])
+def test_0_5_14_mla_target_with_an_mha_eagle3_draft(tmp_path, with_config):
     """0.5.14–0.5.21: draft weights load before profiling, and the cell is int(target cell × (1 + draft
     layers / target layers)) (pool_configurator.py DefaultPoolConfigurator.__init__), the MLA per-layer
     size scaled, not the draft's own MHA bytes. Kimi-K2.5 shape: 61 MLA layers, a 1-layer EAGLE-3 draft."""
@@ -217,9 +218,13 @@ def test_0_5_14_mla_target_with_an_mha_eagle3_draft(tmp_path):
              "[{}] Memory pool end. avail mem=5.00 GB".format(d),
              "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
              "max_running_requests=2048, context_len=262144, available_gpu_mem=4.00 GB".format(d, t_exp)]
-    t = _analyze(tmp_path, lines, "--model-config", _config(tmp_path, KIMI_MLA))
+    # Without --model-config the 61 target layers follow from the MLA line: KV size / ((512 + 64) × 2 B ×
+    # (#tokens + 1)) (MLATokenToKVPool.__init__, memory_pool.py 0.5.14).
+    extra = ("--model-config", _config(tmp_path, KIMI_MLA)) if with_config else ()
+    t = _analyze(tmp_path, lines, *extra)
     b = _agrees(t, t_exp)
     assert b["bytes_per_token"] == 71424 and b["draft_in_budget"] is True
+    assert any("/ 61 target layers" in s for s in b["steps"]), b["steps"]
 
 
 def test_0_5_16_post_capture_resize_leaves_the_reserve_free(tmp_path):
