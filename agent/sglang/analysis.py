@@ -16,7 +16,7 @@ from agent.sglang import era as era_mod
 from agent.sglang import stages
 from agent.sglang.attribution import Attributed, attribute, pool_key
 from agent.sglang.budget import Budget, ReqToToken
-from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry, mla_layers_from_pool, MLA_WIDTH
+from agent.sglang.kv_geometry import MLA_WIDTH, GeometryError, KvGeometry, geometry, mla_layers_from_pool
 from agent.sglang.ledger import RankLedger, ledgers
 from agent.sglang.stages import Failure, Progress
 from collectors.events import LogEvent

@@ -356,7 +356,8 @@ def test_0_4_2_kv_line_without_tokens_takes_the_count_from_the_summary(tmp_path)
     d = "2025-01-27 10:00:00"
     lines = ["[{}] server_args=ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1)".format(d, MFS),
              "[{} TP0] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
-             "[{} TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB".format(d, POST),
+             "[{} TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB".format(
+                 d, POST),
              "[{} TP0] KV Cache is allocated. K size: {} GB, V size: {} GB.".format(d, _gb(kv), _gb(kv)),
              "[{} TP0] Memory pool end. avail mem=9.50 GB".format(d),
              "[{} TP0] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
