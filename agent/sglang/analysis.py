@@ -245,11 +245,13 @@ def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page
         cell_config_formula=cell_formula, mm_reserve=mm, draft_first=draft_first,
         mfs_origin=_mfs_origin(attributed.server_args), swa_full_tokens=_swa_full_tokens(attributed),
         context_len=summary.context_len, target_layers=cell_geo.layers if cell_geo else None,
-        logged_tokens=_first_kv_tokens(attributed), summary_tokens=summary.max_total_num_tokens))
+        logged_tokens=_first_kv_tokens(attributed), summary_tokens=summary.max_total_num_tokens,
+        pre_capture_kv=_pre_capture_kv(attributed)))
     resized = next((e for r in attributed.ranks for e in r.target.all("post_capture_kv")), None)
     if resized is not None:
-        bud = budget_mod.post_capture_check(bud, resized.data["tokens"], resized.data.get("avail_bytes"), mm,
-                                            where(resized))
+        bud = budget_mod.post_capture_check(bud, budget_mod.Resized(
+            tokens=resized.data["tokens"], kv_bytes=resized.data.get("kv_bytes"),
+            avail_bytes=resized.data.get("avail_bytes"), source=where(resized)), mm, page)
     return bud
 
 
@@ -280,6 +282,15 @@ def _mla_from_log(attributed: Attributed, page: int) -> Optional[KvGeometry]:
     return KvGeometry(kind="mla", layers=layers, bytes_per_token=MLA_WIDTH * elem * layers,
                       dtype=str(pool.data.get("dtype")), formula="(512 + 64) × {} layers × {} B, the layers from {} "
                       "(KV size / ((512 + 64) × {} B × (#tokens + page_size)))".format(layers, elem, where(pool), elem))
+
+
+def _pre_capture_kv(attributed: Attributed) -> Optional[Tuple[int, int]]:
+    """(#tokens, bytes) of the first rank's pre-capture pool lines, when the pool was re-sized after capture."""
+    for r in attributed.ranks:
+        pools = [e for e in r.target.all("kv_pool") if e.data.get("state") == "VA upper bound"]
+        if r.target.has("post_capture_kv") and pools and pools[0].data.get("tokens"):
+            return pools[0].data["tokens"], sum(p.data["kv_bytes"] for p in pools)
+    return None
 
 
 def _first_kv_tokens(attributed: Attributed) -> Optional[int]:

@@ -247,7 +247,7 @@ def test_0_5_16_post_capture_resize_leaves_the_reserve_free(tmp_path):
         "max_running_requests=2048, context_len=131072, available_gpu_mem={:.2f} GB".format(d, t_final, reserve)]
     t = _analyze(tmp_path, lines)
     b = _agrees(t, t_pre)
-    assert "left 9.60 GiB free, the reserve (9.60 GiB): agrees" in b["explanation"], b
+    assert "left 9.60 GiB free, the reserve 9.60 GiB: agrees" in b["explanation"], b
     assert t["startup"]["ranks"][0]["kv_tokens"] == t_final
 
 
@@ -368,3 +368,44 @@ def test_0_4_2_kv_line_without_tokens_takes_the_count_from_the_summary(tmp_path)
     log = tmp_path / "startup.log"
     _, text, _ = run_cli(["analyze", str(log), "--detail", "--fail-on", "never"])
     assert "the log says {:,}: agrees".format(t_exp) in text, text
+
+
+def test_0_5_18_post_capture_backing_rounds_up_to_2_mib_granules(tmp_path):
+    """0.5.18 post-capture sizing as the source does it (kv_pool_runtime.py compute_post_capture_kv_resize,
+    kv_vmm_backing.py KvVmmBufferOwner._back_spans/finalize): before capture each of the 64 K/V buffers
+    (32 layers) is backed one page rounded up to 2 MiB; budget = int((free − reserve) × 2^30) + those bytes,
+    T = budget // cell; then each buffer is backed to (T + 1) rows rounded up to 2 MiB, and the logged
+    'KV size' is that backed total. Bytes per token come from the 'VA upper bound' line (whole tensors),
+    and the free memory left is the reserve less the padding row and the round-up."""
+    mib, rows_bytes, n_buf = 1 << 20, 2048, 64  # one layer's K (or V) row: 8 heads × 128 × bf16
+
+    def align(v: int) -> int:
+        return -(-v // (2 * mib)) * (2 * mib)
+
+    t_pre = _profiled(MHA_CELL)
+    backed_before, graph_end = n_buf * align(rows_bytes), 37.0
+    budget = int(max(0.0, graph_end - PRE * (1 - MFS)) * (1 << 30)) + backed_before
+    t_final = min(budget // MHA_CELL, t_pre)
+    final_backed = n_buf * align((t_final + 1) * rows_bytes)
+    final_avail = graph_end - (final_backed - backed_before) / GIB
+    assert final_backed - (t_final + 1) * MHA_CELL > 64 * mib  # the round-up the old check missed
+    d = "2026-08-21 10:00:00"
+    kv_pre = (t_pre + 1) * MHA_CELL / 2
+    args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1)".format(MFS)
+    lines = _loaded(d, args) + [
+        "[{}] KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB".format(
+            d, t_pre, _gb(kv_pre), _gb(kv_pre)),
+        "[{}] Memory pool end. avail mem=39.38 GB".format(d),
+        "[{}] Capture cuda graph begin. This can take up to several minutes. avail mem=39.30 GB".format(d),
+        "[{}] Capture cuda graph end. Time elapsed: 9.00 s. mem usage=2.30 GB. avail mem={:.2f} GB.".format(
+            d, graph_end),
+        "[{}] Post-capture KV sizing: full_layer_tokens={}, swa_layer_tokens=0".format(d, t_final),
+        "[{}] Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: {}, KV size: {} GB, "
+        "avail mem={:.2f} GB".format(d, t_final, _gb(final_backed), final_avail),
+        "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests=2048, context_len=131072, available_gpu_mem={:.2f} GB".format(d, t_final, final_avail)]
+    t = _analyze(tmp_path, lines)
+    b = _agrees(t, t_pre)
+    assert b["bytes_per_token"] == MHA_CELL, b
+    assert "rounded up to 2 MiB granules: agrees" in b["explanation"], b
+    assert t["startup"]["ranks"][0]["kv_tokens"] == t_final
