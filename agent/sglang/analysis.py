@@ -251,7 +251,9 @@ def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page
     if resized is not None:
         bud = budget_mod.post_capture_check(bud, budget_mod.Resized(
             tokens=resized.data["tokens"], kv_bytes=resized.data.get("kv_bytes"),
-            avail_bytes=resized.data.get("avail_bytes"), source=where(resized)), mm, page)
+            avail_bytes=resized.data.get("avail_bytes"), source=where(resized),
+            free_before_bytes=_free_before(attributed, resized),
+            backed_before_bytes=_backed_before_capture(geo, bud.cell_bytes, page)), mm, page)
     return bud
 
 
@@ -282,6 +284,28 @@ def _mla_from_log(attributed: Attributed, page: int) -> Optional[KvGeometry]:
     return KvGeometry(kind="mla", layers=layers, bytes_per_token=MLA_WIDTH * elem * layers,
                       dtype=str(pool.data.get("dtype")), formula="(512 + 64) × {} layers × {} B, the layers from {} "
                       "(KV size / ((512 + 64) × {} B × (#tokens + page_size)))".format(layers, elem, where(pool), elem))
+
+
+def _free_before(attributed: Attributed, resized: LogEvent) -> Optional[int]:
+    """The free memory SGLang re-sizes from: the last 'Capture … end' avail on the rank before the re-size."""
+    rank = next((r for r in attributed.ranks if resized in r.target.events), None)
+    if rank is None:
+        return None
+    ends = [e for e in rank.target.events + rank.draft.events if e.kind == "graph_end"
+            and e.data.get("avail_bytes") is not None and _order(e) < _order(resized)]
+    return max(ends, key=_order).data["avail_bytes"] if ends else None
+
+
+def _backed_before_capture(geo: Optional[KvGeometry], cell: Optional[int], page: int) -> Optional[int]:
+    """Bytes backed before capture: one page of each K and V buffer (two per layer), each rounded up to the
+    2 MiB granule (kv_vmm_backing.py KvVmmBufferOwner.__init__ ensure_prefix(page_size), 0.5.18). Only for
+    a plain half-precision MHA pool, whose buffers are known from the layer count."""
+    if geo is None or geo.kind != "mha" or geo.dtype not in ("bfloat16", "float16", "auto") or not cell:
+        return None
+    buffers = 2 * geo.layers
+    row = cell // buffers
+    granule = budget_mod.GRANULE
+    return buffers * (-(-page * row // granule) * granule)
 
 
 def _pre_capture_kv(attributed: Attributed) -> Optional[Tuple[int, int]]:

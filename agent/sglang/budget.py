@@ -373,6 +373,8 @@ class Resized:
     kv_bytes: Optional[int]  # what is backed: each buffer's span rounded up to the 2 MiB granule
     avail_bytes: Optional[int]
     source: str
+    free_before_bytes: Optional[int] = None  # the last 'Capture … end' avail before the re-size
+    backed_before_bytes: Optional[int] = None  # one page per buffer, each rounded up to 2 MiB (needs the layers)
 
 
 def post_capture_check(b: Budget, resized: Resized, mm_reserve: int, page_size: int = 1) -> Budget:
@@ -396,7 +398,29 @@ def post_capture_check(b: Budget, resized: Resized, mm_reserve: int, page_size: 
             resized.tokens)
     else:
         note = _post_capture_note(b, resized, mm_reserve, page_size)
-    return _replace(b, steps=b.steps + (step,), explanation="; ".join(x for x in (b.explanation, note) if x))
+    count = _post_capture_count(b, resized, mm_reserve, page_size)
+    return _replace(b, steps=b.steps + (step,), explanation="; ".join(x for x in (b.explanation, note, count) if x))
+
+
+def _post_capture_count(b: Budget, resized: Resized, mm_reserve: int, page_size: int) -> str:
+    """The re-sized count itself, when the free memory after capture and the bytes backed before it are
+    known: min(floor((free − reserve [− multimodal] + backed before) / cell), pre-capture count), page-
+    aligned. SGLang keeps a larger headroom when the decode graphs' max batch is below
+    max_running_requests (or for Mamba models), so a count below the interval is named, not warned."""
+    free, backed, cell = resized.free_before_bytes, resized.backed_before_bytes, b.cell_bytes
+    if free is None or backed is None or not cell or b.reserve_bytes is None or b.logged_tokens is None:
+        return ""
+    if resized.tokens >= b.logged_tokens:
+        return ""
+    lo, hi = (int(max(0, f - b.reserve_bytes - mm_reserve) + backed) // cell // page_size * page_size
+              for f in (free - 2 * HALF, free + 2 * HALF))
+    lo, hi = min(lo, b.logged_tokens), min(hi, b.logged_tokens)
+    what = ("re-sized count {:,}: (free after capture {:.2f} GiB − reserve + {} MiB backed before capture) / {:,} "
+            "B per token allows {:,}–{:,}").format(resized.tokens, free / GIB, backed >> 20, cell, lo, hi)
+    if lo <= resized.tokens <= hi:
+        return what + ": agrees"
+    return what + (" (SGLang keeps a larger headroom when the decode CUDA graphs' max batch is below "
+                   "max_running_requests)" if resized.tokens < lo else "")
 
 
 def _post_capture_note(b: Budget, resized: Resized, mm_reserve: int, page_size: int) -> str:

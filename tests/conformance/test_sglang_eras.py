@@ -370,7 +370,8 @@ def test_0_4_2_kv_line_without_tokens_takes_the_count_from_the_summary(tmp_path)
     assert "the log says {:,}: agrees".format(t_exp) in text, text
 
 
-def test_0_5_18_post_capture_backing_rounds_up_to_2_mib_granules(tmp_path):
+@pytest.mark.parametrize("with_config", [False, True])
+def test_0_5_18_post_capture_backing_rounds_up_to_2_mib_granules(tmp_path, with_config):
     """0.5.18 post-capture sizing as the source does it (kv_pool_runtime.py compute_post_capture_kv_resize,
     kv_vmm_backing.py KvVmmBufferOwner._back_spans/finalize): before capture each of the 64 K/V buffers
     (32 layers) is backed one page rounded up to 2 MiB; budget = int((free − reserve) × 2^30) + those bytes,
@@ -404,8 +405,12 @@ def test_0_5_18_post_capture_backing_rounds_up_to_2_mib_granules(tmp_path):
         "avail mem={:.2f} GB".format(d, t_final, _gb(final_backed), final_avail),
         "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
         "max_running_requests=2048, context_len=131072, available_gpu_mem={:.2f} GB".format(d, t_final, final_avail)]
-    t = _analyze(tmp_path, lines)
+    t = _analyze(tmp_path, lines, *(("--model-config", _config(tmp_path, LLAMA_8B)) if with_config else ()))
     b = _agrees(t, t_pre)
     assert b["bytes_per_token"] == MHA_CELL, b
     assert "rounded up to 2 MiB granules: agrees" in b["explanation"], b
+    # With the layer count the re-sized count itself is checked: 64 buffers × 2 MiB backed before capture.
+    counted = "re-sized count {:,}: (free after capture 37.00 GiB − reserve + 128 MiB backed before capture)".format(
+        t_final)
+    assert (counted in b["explanation"] and b["explanation"].endswith(": agrees")) == with_config, b
     assert t["startup"]["ranks"][0]["kv_tokens"] == t_final
