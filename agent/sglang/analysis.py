@@ -14,9 +14,9 @@ from agent.model.records import Finding, KvChange, Options, Problem, Recommendat
 from agent.sglang import budget as budget_mod
 from agent.sglang import era as era_mod
 from agent.sglang import stages
-from agent.sglang.attribution import Attributed, attribute
+from agent.sglang.attribution import Attributed, attribute, pool_key
 from agent.sglang.budget import Budget, ReqToToken
-from agent.sglang.kv_geometry import GeometryError, KvGeometry, geometry
+from agent.sglang.kv_geometry import MLA_WIDTH, GeometryError, KvGeometry, geometry, mla_layers_from_pool
 from agent.sglang.ledger import RankLedger, ledgers
 from agent.sglang.stages import Failure, Progress
 from collectors.events import LogEvent
@@ -237,16 +237,23 @@ def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page
     """The KV budget from the ledgers without the reserve (the budget is what gives it), checked
     against the post-capture re-sizing when the startup did one."""
     first = ledgers(attributed, page, None, "", None, "")
+    draft_first = _draft_loaded_first(attributed)
+    cell_geo = geo or (_mla_from_log(attributed, page) if draft_first else None)
+    cell_formula = ("--model-config: " if cell_geo is geo else "the log: ") + cell_geo.formula if cell_geo else ""
     bud = budget_mod.compute(era, budget_mod.Inputs(
-        args=args, ranks=first, page_size=page, cell_from_config=geo.bytes_per_token if geo else None,
-        cell_config_formula=geo.formula if geo else "", mm_reserve=mm, draft_first=_draft_loaded_first(attributed),
+        args=args, ranks=first, page_size=page, cell_from_config=cell_geo.bytes_per_token if cell_geo else None,
+        cell_config_formula=cell_formula, mm_reserve=mm, draft_first=draft_first,
         mfs_origin=_mfs_origin(attributed.server_args), swa_full_tokens=_swa_full_tokens(attributed),
-        context_len=summary.context_len, target_layers=geo.layers if geo else None,
-        logged_tokens=_first_kv_tokens(attributed), summary_tokens=summary.max_total_num_tokens))
+        context_len=summary.context_len, target_layers=cell_geo.layers if cell_geo else None,
+        logged_tokens=_first_kv_tokens(attributed), summary_tokens=summary.max_total_num_tokens,
+        pre_capture_kv=_pre_capture_kv(attributed)))
     resized = next((e for r in attributed.ranks for e in r.target.all("post_capture_kv")), None)
     if resized is not None:
-        bud = budget_mod.post_capture_check(bud, resized.data["tokens"], resized.data.get("avail_bytes"), mm,
-                                            where(resized))
+        bud = budget_mod.post_capture_check(bud, budget_mod.Resized(
+            tokens=resized.data["tokens"], kv_bytes=resized.data.get("kv_bytes"),
+            avail_bytes=resized.data.get("avail_bytes"), source=where(resized),
+            free_before_bytes=_free_before(attributed, resized),
+            backed_before_bytes=_backed_before_capture(geo, bud.cell_bytes, page)), mm, page)
     return bud
 
 
@@ -263,9 +270,57 @@ def _swa_full_tokens(attributed: Attributed) -> Optional[int]:
     return next((e.data["full_tokens"] for e in splits), None)
 
 
+def _mla_from_log(attributed: Attributed, page: int) -> Optional[KvGeometry]:
+    """Without --model-config, for the 0.5.14+ draft scaling: the target's MLA geometry from its own pool
+    line (None for MHA, NSA, or a line without dtype or #tokens)."""
+    pool = next((e for r in attributed.ranks for e in r.target.all("kv_pool")), None)
+    if pool is None or pool.data.get("layout") != "single" or not pool.data.get("tokens"):
+        return None
+    found = mla_layers_from_pool(pool.data["kv_bytes"], pool.data["tokens"], page, pool.data.get("dtype"),
+                                 budget_mod.HALF)
+    if found is None:
+        return None
+    layers, elem = found
+    return KvGeometry(kind="mla", layers=layers, bytes_per_token=MLA_WIDTH * elem * layers,
+                      dtype=str(pool.data.get("dtype")), formula="(512 + 64) × {} layers × {} B, the layers from {} "
+                      "(KV size / ((512 + 64) × {} B × (#tokens + page_size)))".format(layers, elem, where(pool), elem))
+
+
+def _free_before(attributed: Attributed, resized: LogEvent) -> Optional[int]:
+    """The free memory SGLang re-sizes from: the last 'Capture … end' avail on the rank before the re-size."""
+    rank = next((r for r in attributed.ranks if resized in r.target.events), None)
+    if rank is None:
+        return None
+    ends = [e for e in rank.target.events + rank.draft.events if e.kind == "graph_end"
+            and e.data.get("avail_bytes") is not None and _order(e) < _order(resized)]
+    return max(ends, key=_order).data["avail_bytes"] if ends else None
+
+
+def _backed_before_capture(geo: Optional[KvGeometry], cell: Optional[int], page: int) -> Optional[int]:
+    """Bytes backed before capture: one page of each K and V buffer (two per layer), each rounded up to the
+    2 MiB granule (kv_vmm_backing.py KvVmmBufferOwner.__init__ ensure_prefix(page_size), 0.5.18). Only for
+    a plain half-precision MHA pool, whose buffers are known from the layer count."""
+    if geo is None or geo.kind != "mha" or geo.dtype not in ("bfloat16", "float16", "auto") or not cell:
+        return None
+    buffers = 2 * geo.layers
+    row = cell // buffers
+    granule = budget_mod.GRANULE
+    return buffers * (-(-page * row // granule) * granule)
+
+
+def _pre_capture_kv(attributed: Attributed) -> Optional[Tuple[int, int]]:
+    """(#tokens, bytes) of the first rank's pre-capture pool lines, when the pool was re-sized after capture."""
+    for r in attributed.ranks:
+        pools = [e for e in r.target.all("kv_pool") if e.data.get("state") == "VA upper bound"]
+        if r.target.has("post_capture_kv") and pools and pools[0].data.get("tokens"):
+            return pools[0].data["tokens"], sum(p.data["kv_bytes"] for p in pools)
+    return None
+
+
 def _first_kv_tokens(attributed: Attributed) -> Optional[int]:
-    """#tokens of the first KV pool line (before any post-capture re-sizing)."""
-    first_kv = next((e for r in attributed.ranks for e in r.target.all("kv_pool") if e.data.get("tokens")), None)
+    """#tokens of the first full-attention KV pool line (before any post-capture re-sizing)."""
+    first_kv = next((e for r in attributed.ranks for e in r.target.all("kv_pool")
+                     if e.data.get("tokens") and pool_key(e, r.swa_split) != "SWA"), None)
     return first_kv.data["tokens"] if first_kv else None
 
 

@@ -40,6 +40,8 @@ class RankEvents:
     rank: str
     target: RunnerEvents = field(default_factory=RunnerEvents)
     draft: RunnerEvents = field(default_factory=RunnerEvents)
+    # "Use sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S": the hybrid pool's two counts.
+    swa_split: Optional[LogEvent] = None
 
     @property
     def has_draft(self) -> bool:
@@ -63,6 +65,7 @@ def attribute(startup: Startup) -> Attributed:
     summaries: List[LogEvent] = []
     failures: List[LogEvent] = []
     other: List[LogEvent] = []
+    splits: Dict[Optional[str], LogEvent] = {}  # per rank tag; None: the last one, for ranks that print none
     for ev in startup.events:
         if ev.kind == "server_args":
             server_args = server_args or ev
@@ -74,8 +77,11 @@ def attribute(startup: Startup) -> Attributed:
             # A memory line without any SGLang prefix was pasted with it stripped: untagged.
             tag = ev.rank if ev.rank is not None else ""
             rank = ranks.setdefault(tag, RankEvents(tag))
+            rank.swa_split = splits.get(tag, splits.get(None))
             _runner_for(rank, ev).events.append(ev)
         else:
+            if ev.kind == "swa_split" and ev.data.get("full_tokens"):
+                splits[ev.rank or ""] = splits[None] = ev
             other.append(ev)
     ordered = tuple(sorted(ranks.values(), key=lambda r: _rank_sort_key(r.rank)))
     return Attributed(ranks=ordered, server_args=server_args, summaries=tuple(summaries), failures=tuple(failures),
@@ -114,12 +120,25 @@ def _pool_runner(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
     pool), then to the draft, once the draft has begun loading."""
     t, d = rank.target, rank.draft
     if ev.kind == "kv_pool":
-        # Hybrid models print one KV pool line per pool ("Full ", "SWA "): the target's is taken per label.
-        label = ev.data.get("label")
-        taken = any(e.data.get("label") == label for e in t.all("kv_pool"))
+        # Hybrid models print one KV pool line per pool: the target's is taken per pool.
+        key = pool_key(ev, rank.swa_split)
+        taken = any(pool_key(e, rank.swa_split) == key for e in t.all("kv_pool"))
     else:
         taken = t.has(ev.kind)
     return d if taken and d.has("load_begin") else t
+
+
+def pool_key(ev: LogEvent, swa_split: Optional[LogEvent]) -> str:
+    """Which pool a KV line is: its label ("Full", "SWA": 0.5.17+), else, after a sliding-window split,
+    "SWA" when its #tokens is the split's SWA count and not its full one. 0.5.16 prints SWAKVPool's two
+    halves unlabelled, the SWA pool first (swa_memory_pool.py SWAKVPool.__init__, sglang 0.5.16)."""
+    label = str(ev.data.get("label") or "")
+    if label or swa_split is None:
+        return label
+    tokens, split = ev.data.get("tokens"), swa_split.data
+    if tokens is not None and tokens == split.get("swa_tokens") and tokens != split.get("full_tokens"):
+        return "SWA"
+    return "Full"
 
 
 # Draft architectures name themselves (DeepseekV3ForCausalLMNextN, LlamaForCausalLMEagle3, …):

@@ -121,9 +121,12 @@ class Inputs:
     mfs_origin: str = "server_args mem_fraction_static"
     swa_full_tokens: Optional[int] = None
     context_len: Optional[int] = None
-    target_layers: Optional[int] = None  # from --model-config: the 0.5.14+ draft scaling needs it
+    target_layers: Optional[int] = None  # from --model-config or an MLA pool line: the 0.5.14+ draft scaling needs it
     logged_tokens: Optional[int] = None  # the first (pre-capture) KV line's #tokens
     summary_tokens: Optional[int] = None  # max_total_num_tokens: the count when no KV line gives one (≤0.4.3)
+    # 0.5.16+ post-capture sizing: (#tokens, bytes) of the pre-capture pool lines ('VA upper bound': the whole
+    # tensors, before the 2 MiB round-up of what is backed), the figures the bytes per token come from.
+    pre_capture_kv: Optional[Tuple[int, int]] = None
 
 
 def mem_fraction_change(b: Budget, delta_bytes: int) -> Tuple[float, int, int]:
@@ -193,7 +196,7 @@ def _compute_one(era: Era, inputs: Inputs) -> Budget:
     server_args, the fraction back-solved from the logged pool."""
     cell, cell_lo, cell_hi, cell_source = _cell(inputs.ranks, inputs.page_size, inputs.draft_first,
                                                 inputs.cell_from_config, inputs.cell_config_formula,
-                                                inputs.swa_full_tokens)
+                                                inputs.swa_full_tokens, inputs.summary_tokens, inputs.pre_capture_kv)
     empty = _unpredicted(era, inputs, cell, cell_source)
     pre, post = empty.pre_min_bytes, empty.post_min_bytes
     if pre is None or post is None or pre <= 0:
@@ -295,7 +298,8 @@ def _predicted(era: Era, inputs: Inputs, empty: Budget, cells: Tuple[Any, Any, A
         if scaled is None:
             return _replace(empty, reserve_bytes=reserve, rest_bytes=rest, steps=tuple(steps), explanation=(
                 "0.5.14+ divides by the target's bytes per token × (1 + draft layers / target layers); the "
-                "target's layer count comes from --model-config{}".format(
+                "target's layer count is missing: pass --model-config (in the log only an MLA pool line with "
+                "dtype and #tokens gives it){}".format(
                     _implied_draft_ratio(rest, logged, empty.cell_bytes))))
         cells = scaled
     cell_mid, cell_lo, cell_hi = cells
@@ -358,33 +362,82 @@ def _judged(result: Budget, notes: List[str], ranks: Tuple[RankLedger, ...]) -> 
     return _replace(result, verdict="differs", explanation=_differs(logged, lo, hi, result.cell_bytes, ranks))
 
 
-def post_capture_check(b: Budget, final_tokens: int, final_avail: Optional[int], mm_reserve: int,
-                       source: str) -> Budget:
+GRANULE = 2 << 20  # CUDA VMM allocation granularity the KV arena backs in (cuda_vmm_utils.get_device_granularity)
+
+
+@dataclass(frozen=True)
+class Resized:
+    """The 0.5.16+ post-capture line's figures."""
+
+    tokens: int
+    kv_bytes: Optional[int]  # what is backed: each buffer's span rounded up to the 2 MiB granule
+    avail_bytes: Optional[int]
+    source: str
+    free_before_bytes: Optional[int] = None  # the last 'Capture … end' avail before the re-size
+    backed_before_bytes: Optional[int] = None  # one page per buffer, each rounded up to 2 MiB (needs the layers)
+
+
+def post_capture_check(b: Budget, resized: Resized, mm_reserve: int, page_size: int = 1) -> Budget:
     """0.5.16+ (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING; never for MLA): after CUDA-graph capture SGLang
-    re-sizes the pool from the memory then free: budget = max(0, free − pre × (1 − f) [− multimodal])
-    + the bytes already backed, capped at the pre-capture count (kv_pool_runtime.py
-    compute_post_capture_kv_resize). So unless the cap binds, what stays free afterwards is the
-    reserve: the check is avail mem after the re-size ≈ reserve, within one token's bytes and the
-    print rounding. The backed bytes are not logged, so the count itself is not recomputed."""
+    re-sizes the pool from the memory then free: budget = int(max(0, free − pre × (1 − f) [− multimodal])
+    × 2^30) + the bytes backed before capture (one page per buffer, rounded up to the 2 MiB granule),
+    T = budget // cell capped at the pre-capture count; then it backs each buffer to (T + page) rows
+    rounded up to 2 MiB (kv_pool_runtime.py compute_post_capture_kv_resize, kv_vmm_backing.py
+    KvVmmBufferOwner._back_spans/finalize, sglang 0.5.18). So unless the cap binds, what stays free is
+    the reserve less the padding page and less the round-up, which the line's own KV size shows:
+    KV size − (T + page) × cell. The bytes backed before capture are paid before and counted back in the
+    budget, so they cancel here."""
     pre_capture = b.logged_tokens
-    step = "after capture the pool was re-sized to {:,} tokens ({})".format(final_tokens, source)
+    step = "after capture the pool was re-sized to {:,} tokens ({})".format(resized.tokens, resized.source)
     if b.reserve_bytes is None:
         return _replace(b, steps=b.steps + (step,))
-    if pre_capture is not None and final_tokens >= pre_capture:
+    if pre_capture is not None and resized.tokens >= pre_capture:
         note = "post-capture re-sizing kept the pre-capture count {:,} (its cap)".format(pre_capture)
-    elif final_avail is None:
-        note = "post-capture re-sizing to {:,} tokens: the line gives no free figure to check it".format(final_tokens)
+    elif resized.avail_bytes is None:
+        note = "post-capture re-sizing to {:,} tokens: the line gives no free figure to check it".format(
+            resized.tokens)
     else:
-        expected = b.reserve_bytes + mm_reserve
-        slack = (b.cell_bytes or 0) * 64 + 2 * HALF  # a page of tokens and the print rounding
-        gap = final_avail - expected
-        if abs(gap) <= slack:
-            note = "post-capture re-sizing left {:.2f} GiB free, the reserve ({:.2f} GiB): agrees".format(
-                final_avail / GIB, expected / GIB)
-        else:
-            note = ("post-capture re-sizing left {:.2f} GiB free where SGLang keeps the reserve {:.2f} GiB "
-                    "({:+.2f} GiB)").format(final_avail / GIB, expected / GIB, gap / GIB)
-    return _replace(b, steps=b.steps + (step,), explanation="; ".join(x for x in (b.explanation, note) if x))
+        note = _post_capture_note(b, resized, mm_reserve, page_size)
+    count = _post_capture_count(b, resized, mm_reserve, page_size)
+    return _replace(b, steps=b.steps + (step,), explanation="; ".join(x for x in (b.explanation, note, count) if x))
+
+
+def _post_capture_count(b: Budget, resized: Resized, mm_reserve: int, page_size: int) -> str:
+    """The re-sized count itself, when the free memory after capture and the bytes backed before it are
+    known: min(floor((free − reserve [− multimodal] + backed before) / cell), pre-capture count), page-
+    aligned. SGLang keeps a larger headroom when the decode graphs' max batch is below
+    max_running_requests (or for Mamba models), so a count below the interval is named, not warned."""
+    free, backed, cell = resized.free_before_bytes, resized.backed_before_bytes, b.cell_bytes
+    if free is None or backed is None or not cell or b.reserve_bytes is None or b.logged_tokens is None:
+        return ""
+    if resized.tokens >= b.logged_tokens:
+        return ""
+    lo, hi = (int(max(0, f - b.reserve_bytes - mm_reserve) + backed) // cell // page_size * page_size
+              for f in (free - 2 * HALF, free + 2 * HALF))
+    lo, hi = min(lo, b.logged_tokens), min(hi, b.logged_tokens)
+    what = ("re-sized count {:,}: (free after capture {:.2f} GiB − reserve + {} MiB backed before capture) / {:,} "
+            "B per token allows {:,}–{:,}").format(resized.tokens, free / GIB, backed >> 20, cell, lo, hi)
+    if lo <= resized.tokens <= hi:
+        return what + ": agrees"
+    return what + (" (SGLang keeps a larger headroom when the decode CUDA graphs' max batch is below "
+                   "max_running_requests)" if resized.tokens < lo else "")
+
+
+def _post_capture_note(b: Budget, resized: Resized, mm_reserve: int, page_size: int) -> str:
+    """The free memory after the re-size against the reserve, less the padding page and the round-up."""
+    assert b.reserve_bytes is not None and resized.avail_bytes is not None
+    cell = b.cell_bytes or 0
+    pad = page_size * cell
+    roundup = max(0, resized.kv_bytes - (resized.tokens + page_size) * cell) if resized.kv_bytes and cell else 0
+    expected = b.reserve_bytes + mm_reserve - pad - roundup
+    slack = cell * max(64, page_size) + 3 * HALF  # a page of tokens and the print rounding
+    gap = resized.avail_bytes - expected
+    kept = "the reserve {:.2f} GiB{}".format((b.reserve_bytes + mm_reserve) / GIB, (
+        " less {:.2f} GiB rounded up to 2 MiB granules".format(roundup / GIB) if roundup > HALF else ""))
+    if -slack <= gap <= slack + pad:
+        return "post-capture re-sizing left {:.2f} GiB free, {}: agrees".format(resized.avail_bytes / GIB, kept)
+    return "post-capture re-sizing left {:.2f} GiB free where SGLang keeps {} ({:+.2f} GiB)".format(
+        resized.avail_bytes / GIB, kept, gap / GIB)
 
 
 def _eagle_headroom(era: Era, args: Dict[str, Any], profiled: int, context_len: Optional[int],
@@ -442,16 +495,25 @@ def _draft_scaled_cell(cells: Tuple[float, float, float], rest_lo: float, rest_h
 
 
 def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
-          from_config: Optional[int], config_formula: str, swa_full_tokens: Optional[int] = None
+          from_config: Optional[int], config_formula: str, swa_full_tokens: Optional[int] = None,
+          summary_tokens: Optional[int] = None, pre_capture: Optional[Tuple[int, int]] = None
           ) -> Tuple[Optional[int], Optional[float], Optional[float], str]:
     """The target's bytes per token, and its uncertainty when taken from the log (the pool has
     #tokens + page_size rows, memory_pool.py). The 0.5.14+ draft scaling is applied by the caller."""
     if from_config is not None:
-        return from_config, None, None, "--model-config: " + config_formula
+        return from_config, None, None, config_formula
+    if pre_capture is not None and not swa_full_tokens:
+        tokens, kv = pre_capture
+        rows = tokens + page_size
+        return (int(round(kv / rows)), (kv - HALF) / rows, (kv + HALF) / rows,
+                "the pre-capture 'KV Cache VA upper bound' size / (#tokens + page_size) from the log (the "
+                "post-capture size is rounded up to 2 MiB per buffer)")
     for r in ranks:
         t = r.target
-        if t.kv_tokens is None or t.kv_bytes is None:
+        if t.kv_bytes is None or (t.kv_tokens is None and not summary_tokens):
             continue
+        if t.kv_tokens is None:
+            return _cell_from_summary(t.kv_bytes, summary_tokens or 0, page_size)
         if swa_full_tokens:  # every pool's bytes per full-attention token (SGLang 0.5.11+ hybrid SWA)
             rows = swa_full_tokens + page_size
             kv = t.kv_bytes
@@ -462,6 +524,15 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
         return (int(round(t.kv_bytes / rows)), (t.kv_bytes - HALF) / rows, (t.kv_bytes + HALF) / rows,
                 "the target's KV size / (#tokens + page_size) from the log")
     return None, None, None, ""
+
+
+def _cell_from_summary(kv_bytes: int, tokens: int, page_size: int) -> Tuple[int, float, float, str]:
+    """0.4.2–0.4.3 print 'KV Cache is allocated. K size: …, V size: …' without #tokens
+    (MHATokenToKVPool.__init__, memory_pool.py, sglang 0.4.2); the pool holds max_total_num_tokens
+    (the scheduler's summary) + 1 padding row."""
+    rows = tokens + page_size
+    return (int(round(kv_bytes / rows)), (kv_bytes - HALF) / rows, (kv_bytes + HALF) / rows,
+            "the target's KV size / (max_total_num_tokens + page_size) from the log (the KV line has no #tokens)")
 
 
 def _differs(logged: int, lo: int, hi: int, cell: int, ranks: Tuple[RankLedger, ...]) -> str:

@@ -10,7 +10,7 @@ the indexer's ``index_head_dim + index_head_dim/128×4`` bytes per layer.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from agent.model.geometry import (
     ELEM,
@@ -97,3 +97,28 @@ def _mha(lm: Dict[str, Any], n_layers: int, dtype: str, elem: float, era: Era, a
         base += width // 32
         formula += " + scales {}".format(width // 32)
     return KvGeometry(kind="mha", layers=n_layers, bytes_per_token=base, dtype=dtype, formula=formula)
+
+
+# DeepSeek-V2/V3, Kimi-K2/K2.5 MLA: kv_lora_rank 512 + qk_rope_head_dim 64 values per layer per token.
+MLA_WIDTH = 512 + 64
+_POOL_ELEM = (("float8", 1), ("fp8", 1), ("uint8", 1), ("bfloat16", 2), ("float16", 2))
+
+
+def mla_layers_from_pool(kv_bytes: int, tokens: int, page_size: int, dtype: Optional[str],
+                         tolerance_bytes: int) -> Optional[Tuple[int, int]]:
+    """The layer count of an MLA pool from its own 'KV Cache is allocated. dtype: …, #tokens: N, KV size: …'
+    line (0.5.13+ prints the dtype): KV size = (N + page_size) × (kv_lora_rank + rope) × elem × layers
+    (MLATokenToKVPool.__init__, memory_pool.py). Only the 512 + 64 latent is tried, and only a whole layer
+    count within the print rounding is accepted: an NSA pool (indexer bytes) or another width gives None.
+    Returns (layers, bytes per value)."""
+    elem = next((size for name, size in _POOL_ELEM if dtype and name in dtype), None)
+    if elem is None or tokens <= 0:
+        return None
+    rows = tokens + page_size
+    per_layer = MLA_WIDTH * elem * rows
+    layers = int(round(kv_bytes / per_layer))
+    if per_layer <= 2 * tolerance_bytes:  # a pool so small the print rounding hides a layer
+        return None
+    if layers < 1 or abs(kv_bytes - layers * per_layer) > tolerance_bytes:
+        return None
+    return layers, elem

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from agent.model.citing import where
-from agent.sglang.attribution import Attributed, RankEvents, RunnerEvents
+from agent.sglang.attribution import Attributed, RankEvents, RunnerEvents, pool_key
 from collectors.events import LogEvent
 
 
@@ -59,10 +59,10 @@ class RankLedger:
     sources: Dict[str, str] = field(default_factory=dict)
 
 
-def runner_ledger(runner: RunnerEvents, page_size: int) -> RunnerLedger:
+def runner_ledger(runner: RunnerEvents, page_size: int, swa_split: Optional[LogEvent] = None) -> RunnerLedger:
     figures = _Figures()
     _weights(figures, runner)
-    _kv(figures, runner, page_size)
+    _kv(figures, runner, page_size, swa_split)
     _mamba(figures, runner)
     _after_pools(figures, runner)
     return RunnerLedger(sources=figures.sources, **figures.values)  # type: ignore[arg-type]
@@ -102,7 +102,7 @@ def _weights(figures: _Figures, runner: RunnerEvents) -> None:
         figures.put("weights_bytes", pre - post, end, "avail before − after load ({})".format(where(begin)))
 
 
-def _kv(figures: _Figures, runner: RunnerEvents, page_size: int) -> None:
+def _kv(figures: _Figures, runner: RunnerEvents, page_size: int, swa_split: Optional[LogEvent]) -> None:
     """The KV pool: 0.5.18+ post-capture sizing's final pool replaces the VA bound the pool lines print."""
     post_capture = runner.first("post_capture_kv")
     if post_capture is not None:
@@ -112,13 +112,14 @@ def _kv(figures: _Figures, runner: RunnerEvents, page_size: int) -> None:
         return
     pools = runner.all("kv_pool")
     if pools:
-        _kv_pools(figures, pools, page_size)
+        _kv_pools(figures, pools, page_size, swa_split)
 
 
-def _kv_pools(figures: _Figures, pools: List[LogEvent], page_size: int) -> None:
-    """The KV pool lines: the first one's #tokens, every pool's bytes (hybrid models print one line
+def _kv_pools(figures: _Figures, pools: List[LogEvent], page_size: int, swa_split: Optional[LogEvent]) -> None:
+    """The KV pool lines: the full-attention pool's #tokens (SGLang's max_total_num_tokens; a hybrid
+    sliding-window pool's SWA half is not it), every pool's bytes (hybrid models print one line
     per pool), and the bytes per token when one pool holds them all."""
-    first = pools[0]
+    first = next((p for p in pools if pool_key(p, swa_split) != "SWA"), pools[0])
     tokens = first.data.get("tokens")
     figures.put("kv_tokens", tokens, first, "KV Cache is allocated, #tokens")
     kv = sum(p.data["kv_bytes"] for p in pools)
@@ -201,7 +202,7 @@ def _workspace(rank: RankEvents, runner: RunnerEvents, ledger: RunnerLedger) -> 
 
 def rank_ledger(rank: RankEvents, page_size: int, reserve: Optional[int], reserve_src: str,
                 req_to_token: Optional[int], req_src: str, summary: Optional[LogEvent]) -> RankLedger:
-    target = _workspace(rank, rank.target, runner_ledger(rank.target, page_size))
+    target = _workspace(rank, rank.target, runner_ledger(rank.target, page_size, rank.swa_split))
     draft = _workspace(rank, rank.draft, runner_ledger(rank.draft, page_size)) if rank.has_draft else None
     final, final_ev = last_avail(rank, summary)
     sources: Dict[str, str] = {}

@@ -12,6 +12,7 @@ order of advice: the first recommendation is the report's best action.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional
 
 from agent.model.node_rules import Spare, spare_memory, worth_it
@@ -46,7 +47,40 @@ def mem_fraction(ctx: "Context") -> Iterator[Recommendation]:
     if found.spare_bytes < 0:
         yield _lower_mem_fraction(ctx, a, found)
     elif found.worth_it and found.change.gain_bytes > 0:
-        yield _measured_raise(ctx, a, found) if ctx.live is not None else _estimated_raise(a, found)
+        rec = _measured_raise(ctx, a, found) if ctx.live is not None else _estimated_raise(a, found)
+        unified = unified_memory_gpu(ctx)
+        if unified is None:
+            yield rec
+            return
+        host = _host_keeps(ctx, unified, found.change.gain_bytes)
+        if host is not None:  # never advised without what the host keeps
+            yield replace(rec, rationale=rec.rationale + " " + host)
+
+
+def unified_memory_gpu(ctx: "Context") -> Optional[int]:
+    """The index of an engine GPU whose NVML reports no framebuffer figures (no total, no free): a
+    unified-memory GPU (GB10 / DGX Spark), where SGLang's "free GPU memory" is the host's available RAM
+    (get_available_gpu_memory: psutil.virtual_memory().available when props.is_integrated,
+    utils/common.py, sglang 0.5.18). Every engine GPU must lack them: one discrete GPU whose memory query
+    failed beside others that answer is a fault, not unified memory. None off a live node or on discrete GPUs."""
+    live = ctx.live
+    if live is None:
+        return None
+    gpus = live.engine_gpus or live.gpus
+    if not gpus or any(g.status == "lost" or g.total_bytes is not None or g.free_bytes is not None for g in gpus):
+        return None
+    return gpus[0].index
+
+
+def _host_keeps(ctx: "Context", gpu: int, gain_bytes: int) -> Optional[str]:
+    """What a raise leaves the host on unified memory; None when host memory is not known."""
+    assert ctx.live is not None
+    available = ctx.live.host_memory.available_bytes
+    if available is None:
+        return None
+    return ("Unified memory (GPU {} reports no framebuffer figures, e.g. GB10 / DGX Spark): the KV pool is host "
+            "RAM, so this raise takes {} from the host, which keeps {} available of {} now.").format(
+        gpu, gib(gain_bytes), gib(max(0, available - gain_bytes)), gib(available))
 
 
 def _estimated_raise(a: Analysis, found: Spare) -> Recommendation:

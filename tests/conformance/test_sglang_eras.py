@@ -19,7 +19,7 @@ import pytest
 
 from agent.sglang.era import Era
 from agent.sglang.kv_geometry import geometry
-from tests.conftest import GIB, run_json
+from tests.conftest import GIB, run_cli, run_json
 
 PRE, POST, MFS = 80.0, 40.0, 0.88
 REST_GIB = POST - PRE * (1 - MFS)  # 30.4, a float as SGLang computes it (get_available_gpu_memory is GiB)
@@ -189,7 +189,8 @@ def test_0_5_7_to_0_5_13_draft_after_the_pool_no_headroom(tmp_path, straddle):
     assert "draft_in_reserve" in [f["code"] for f in t["findings"]]
 
 
-def test_0_5_14_mla_target_with_an_mha_eagle3_draft(tmp_path):
+@pytest.mark.parametrize("with_config", [True, False])
+def test_0_5_14_mla_target_with_an_mha_eagle3_draft(tmp_path, with_config):
     """0.5.14–0.5.21: draft weights load before profiling, and the cell is int(target cell × (1 + draft
     layers / target layers)) (pool_configurator.py DefaultPoolConfigurator.__init__), the MLA per-layer
     size scaled, not the draft's own MHA bytes. Kimi-K2.5 shape: 61 MLA layers, a 1-layer EAGLE-3 draft."""
@@ -217,9 +218,13 @@ def test_0_5_14_mla_target_with_an_mha_eagle3_draft(tmp_path):
              "[{}] Memory pool end. avail mem=5.00 GB".format(d),
              "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
              "max_running_requests=2048, context_len=262144, available_gpu_mem=4.00 GB".format(d, t_exp)]
-    t = _analyze(tmp_path, lines, "--model-config", _config(tmp_path, KIMI_MLA))
+    # Without --model-config the 61 target layers follow from the MLA line: KV size / ((512 + 64) × 2 B ×
+    # (#tokens + 1)) (MLATokenToKVPool.__init__, memory_pool.py 0.5.14).
+    extra = ("--model-config", _config(tmp_path, KIMI_MLA)) if with_config else ()
+    t = _analyze(tmp_path, lines, *extra)
     b = _agrees(t, t_exp)
     assert b["bytes_per_token"] == 71424 and b["draft_in_budget"] is True
+    assert any("/ 61 target layers" in s for s in b["steps"]), b["steps"]
 
 
 def test_0_5_16_post_capture_resize_leaves_the_reserve_free(tmp_path):
@@ -242,7 +247,7 @@ def test_0_5_16_post_capture_resize_leaves_the_reserve_free(tmp_path):
         "max_running_requests=2048, context_len=131072, available_gpu_mem={:.2f} GB".format(d, t_final, reserve)]
     t = _analyze(tmp_path, lines)
     b = _agrees(t, t_pre)
-    assert "left 9.60 GiB free, the reserve (9.60 GiB): agrees" in b["explanation"], b
+    assert "left 9.60 GiB free, the reserve 9.60 GiB: agrees" in b["explanation"], b
     assert t["startup"]["ranks"][0]["kv_tokens"] == t_final
 
 
@@ -297,3 +302,115 @@ def test_worked_examples_from_the_source():
     assert _profiled(MLA_CELL) == 464505
     assert _profiled(MHA_CELL) == 249036
     assert math.isclose(REST_GIB, 30.4)
+
+
+def _swa_lines(d: str, draft: bool) -> tuple:
+    """A 0.5.16 hybrid sliding-window startup (HybridSWAPoolConfigurator, pool_configurator.py): cell =
+    F × n_full + r × S × n_swa; full = floor(rest / cell), swa = floor(full × r). SWAKVPool.__init__
+    (swa_memory_pool.py, 0.5.16) logs the SWA half, then the full half, both unlabelled, then the total."""
+    per_layer, n_full, n_swa, ratio = 8 * 256 * 2, 8, 40, 0.8
+    cell = per_layer * n_full + ratio * per_layer * n_swa
+    full = int(int(REST_GIB * (1 << 30)) // cell)
+    swa = int(full * ratio)
+    kv_swa, kv_full = (swa + 1) * per_layer * n_swa / 2, (full + 1) * per_layer * n_full / 2
+    pool = "[{}] KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB"
+    algo = ", speculative_algorithm='EAGLE'" if draft else ""
+    args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1{})".format(MFS, algo)
+    lines = _loaded(d, args)
+    if draft:
+        lines += ["[{}] Load weight begin. avail mem={:.2f} GB".format(d, POST),
+                  "[{}] Load weight end. elapsed=1.00 s, type=LlamaForCausalLMEagle, quant=None, avail mem={:.2f} GB, "
+                  "mem usage=0.00 GB.".format(d, POST)]
+    lines += ["[{}] Use sliding window memory pool. full_layer_tokens={}, swa_layer_tokens={}".format(d, full, swa),
+              pool.format(d, swa, _gb(kv_swa), _gb(kv_swa)), pool.format(d, full, _gb(kv_full), _gb(kv_full)),
+              "[{}] SWAKVPool mem usage: {} GB, swa size: {}, full size: {}".format(d, _gb(2 * (kv_swa + kv_full)), swa,
+                                                                                   full)]
+    if draft:
+        lines.append(pool.format(d, full, "0.10", "0.10"))
+    lines += ["[{}] Memory pool end. avail mem=9.80 GB".format(d),
+              "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+              "max_running_requests=2048, context_len=131072, available_gpu_mem=9.70 GB".format(d, full)]
+    return lines, full, 2 * (kv_swa + kv_full)
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_0_5_16_hybrid_swa_pool_reports_the_full_attention_pool(tmp_path, draft):
+    """The KV tokens are the full-attention pool's (= max_total_num_tokens), not the SWA half's printed
+    first; the KV bytes are both halves (the SWAKVPool total), also when an EAGLE draft's pool follows."""
+    lines, full, total = _swa_lines("2026-07-20 10:00:00", draft)
+    t = _analyze(tmp_path, lines)
+    rank = t["startup"]["ranks"][0]
+    assert rank["kv_tokens"] == full
+    assert abs(rank["kv_bytes"] - total) <= 4 * GIB // 200
+    if not draft:
+        _agrees(t, full)
+
+
+def test_0_4_2_kv_line_without_tokens_takes_the_count_from_the_summary(tmp_path):
+    """0.4.2–0.4.3 print 'KV Cache is allocated. K size: …, V size: …' without #tokens
+    (MHATokenToKVPool.__init__, memory_pool.py 0.4.2); the pool holds max_total_num_tokens + 1 rows, so the
+    bytes per token come from the summary's count, and the check agrees without --model-config (text and
+    JSON alike)."""
+    t_exp = _profiled(MHA_CELL)
+    kv = (t_exp + 1) * MHA_CELL / 2
+    d = "2025-01-27 10:00:00"
+    lines = ["[{}] server_args=ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1)".format(d, MFS),
+             "[{} TP0] Load weight begin. avail mem={:.2f} GB".format(d, PRE),
+             "[{} TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem={:.2f} GB".format(
+                 d, POST),
+             "[{} TP0] KV Cache is allocated. K size: {} GB, V size: {} GB.".format(d, _gb(kv), _gb(kv)),
+             "[{} TP0] Memory pool end. avail mem=9.50 GB".format(d),
+             "[{} TP0] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+             "max_running_requests=4097, context_len=32768".format(d, t_exp)]
+    t = _analyze(tmp_path, lines)
+    b = _agrees(t, t_exp)
+    assert b["bytes_per_token"] == MHA_CELL
+    log = tmp_path / "startup.log"
+    _, text, _ = run_cli(["analyze", str(log), "--detail", "--fail-on", "never"])
+    assert "the log says {:,}: agrees".format(t_exp) in text, text
+
+
+@pytest.mark.parametrize("with_config", [False, True])
+def test_0_5_18_post_capture_backing_rounds_up_to_2_mib_granules(tmp_path, with_config):
+    """0.5.18 post-capture sizing as the source does it (kv_pool_runtime.py compute_post_capture_kv_resize,
+    kv_vmm_backing.py KvVmmBufferOwner._back_spans/finalize): before capture each of the 64 K/V buffers
+    (32 layers) is backed one page rounded up to 2 MiB; budget = int((free − reserve) × 2^30) + those bytes,
+    T = budget // cell; then each buffer is backed to (T + 1) rows rounded up to 2 MiB, and the logged
+    'KV size' is that backed total. Bytes per token come from the 'VA upper bound' line (whole tensors),
+    and the free memory left is the reserve less the padding row and the round-up."""
+    mib, rows_bytes, n_buf = 1 << 20, 2048, 64  # one layer's K (or V) row: 8 heads × 128 × bf16
+
+    def align(v: int) -> int:
+        return -(-v // (2 * mib)) * (2 * mib)
+
+    t_pre = _profiled(MHA_CELL)
+    backed_before, graph_end = n_buf * align(rows_bytes), 37.0
+    budget = int(max(0.0, graph_end - PRE * (1 - MFS)) * (1 << 30)) + backed_before
+    t_final = min(budget // MHA_CELL, t_pre)
+    final_backed = n_buf * align((t_final + 1) * rows_bytes)
+    final_avail = graph_end - (final_backed - backed_before) / GIB
+    assert final_backed - (t_final + 1) * MHA_CELL > 64 * mib  # the round-up the old check missed
+    d = "2026-08-21 10:00:00"
+    kv_pre = (t_pre + 1) * MHA_CELL / 2
+    args = "ServerArgs(model_path='/m', mem_fraction_static={}, tp_size=1)".format(MFS)
+    lines = _loaded(d, args) + [
+        "[{}] KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: {}, K size: {} GB, V size: {} GB".format(
+            d, t_pre, _gb(kv_pre), _gb(kv_pre)),
+        "[{}] Memory pool end. avail mem=39.38 GB".format(d),
+        "[{}] Capture cuda graph begin. This can take up to several minutes. avail mem=39.30 GB".format(d),
+        "[{}] Capture cuda graph end. Time elapsed: 9.00 s. mem usage=2.30 GB. avail mem={:.2f} GB.".format(
+            d, graph_end),
+        "[{}] Post-capture KV sizing: full_layer_tokens={}, swa_layer_tokens=0".format(d, t_final),
+        "[{}] Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: {}, KV size: {} GB, "
+        "avail mem={:.2f} GB".format(d, t_final, _gb(final_backed), final_avail),
+        "[{}] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests=2048, context_len=131072, available_gpu_mem={:.2f} GB".format(d, t_final, final_avail)]
+    t = _analyze(tmp_path, lines, *(("--model-config", _config(tmp_path, LLAMA_8B)) if with_config else ()))
+    b = _agrees(t, t_pre)
+    assert b["bytes_per_token"] == MHA_CELL, b
+    assert "rounded up to 2 MiB granules: agrees" in b["explanation"], b
+    # With the layer count the re-sized count itself is checked: 64 buffers × 2 MiB backed before capture.
+    counted = "re-sized count {:,}: (free after capture 37.00 GiB − reserve + 128 MiB backed before capture)".format(
+        t_final)
+    assert (counted in b["explanation"] and b["explanation"].endswith(": agrees")) == with_config, b
+    assert t["startup"]["ranks"][0]["kv_tokens"] == t_final
