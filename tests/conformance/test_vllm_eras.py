@@ -562,3 +562,104 @@ def test_the_engine_banner_bounds_the_release(banner, bounds):
     from agent.vllm.analysis import _banner_bounds
 
     assert _banner_bounds(banner, None, None) == bounds
+
+
+# --- the by-design room: memory vLLM leaves unused given u -------------------------------------
+
+MARGIN = 2 * GIB  # kvforensics' default --margin
+
+
+def _unused(t: Dict) -> Dict:
+    f = [f for f in t["findings"] if f["code"] == "unused_gpu_memory"]
+    assert len(f) == 1, _codes(t)
+    return f[0]
+
+
+def _raise(t: Dict) -> str:
+    recs = [r["value"] for r in t["recommendations"] if r["flag"] == "--gpu-memory-utilization"]
+    assert len(recs) == 1, t["recommendations"]
+    return recs[0]
+
+
+def _raised_u(spare: int, u: float = U) -> str:
+    """recommend.py: u + spare ÷ T rounded down to 0.01."""
+    return "{:.2f}".format(math.floor((u + spare / T) * 100 + 1e-9) / 100)
+
+
+def _v1_f_room_lines(init_free: int, consumed: int, kv: int, pool: int, estimate: int, mrv2: bool = False) -> List[str]:
+    """One 0.27.x startup in the order gpu_worker.py runs it: determine_available_memory (KV = ceil(T·u) −
+    consumed − transient − the estimate applied only when > 0), the engine core's KV lines, then
+    compile_or_warm_up_model: capture_model, 'CUDA graph pool memory' only when the estimate > 0, and the
+    --kv-cache-memory suggestion, whose CUDAGraph figure is the captured pool (cuda_graph_memory_bytes).
+    Model Runner V2 (v1/worker/gpu/model_runner.py): 'Model loading took %s GiB and %.6f seconds' (no
+    'memory' before 0.28.0), no estimate (profile_cudagraph_memory returns 0) and so no advisory."""
+    requested = _requested(ceil=True)
+    blocks = kv // BLOCK_BYTES
+    conc = blocks / PER_REQUEST_BLOCKS
+    weights = "Model loading took {} GiB {}and 10.000000 seconds".format(_fg(W), "" if mrv2 else "memory ")
+    head = [weights] if mrv2 else [weights, "Estimated CUDA graph memory: {} GiB total".format(_f2(estimate))]
+    worker = ([] if mrv2 else [_advisory_line(U)]) + ["Available KV cache memory: {} GiB".format(_fg(kv))]
+    pool_line = [] if mrv2 else ["CUDA graph pool memory: {} GiB (actual), {} GiB (estimated), difference: {} GiB "
+                                 "({:.1f}%).".format(_fg(pool), _fg(estimate), _fg(abs(pool - estimate)),
+                                                     100 * abs(pool - estimate) / pool)]
+    to_req = requested - consumed - A - pool - REDUNDANCY
+    to_gpu = init_free - consumed - A - pool - REDUNDANCY
+    suggestion = (
+        "Free memory on device ({}/{} GiB) on startup. Desired GPU memory utilization is ({}, {} GiB). Actual usage "
+        "is {} GiB for consumed memory (weights + non-torch), {} GiB for peak activation, and {} GiB for CUDAGraph "
+        "memory. Replace gpu_memory_utilization config with `--kv-cache-memory={}` ({} GiB) to fit into requested "
+        "memory, or `--kv-cache-memory={}` ({} GiB) to fully utilize gpu memory. Current kv cache memory in use is "
+        "{} GiB.".format(_fg(init_free), _fg(T), U, _fg(requested), _fg(consumed), _fg(A), _fg(pool), to_req,
+                         _fg(to_req), to_gpu, _fg(to_gpu), _fg(kv)))
+    return _lines("[gpu_model_runner.py:4{:03d}]", head) + _lines("[gpu_worker.py:4{:02d}]", worker) + _lines(
+        "[kv_cache_utils.py:{}]", [_tokens_line(int(conc * MAX_LEN)), _conc_line(conc)]) + _lines(
+        "[gpu_model_runner.py:5{:03d}]", ["Graph capturing finished in 5 secs, took {} GiB".format(_f2(pool))]
+        + pool_line) + _lines("[gpu_worker.py:7{:02d}]", [suggestion]) + _lines("[core.py:{}]", [_INIT_DONE])
+
+
+@pytest.mark.parametrize("held, grew", [(int(1.5 * GIB), 0), (int(1.5 * GIB), GIB)])
+def test_v1_f_room_is_free_at_startup_minus_the_budget(tmp_path, held, grew):
+    """0.27.1+ prints 'Free memory on device (free/total GiB) on startup' (gpu_worker.py
+    compile_or_warm_up_model): T − free is everything no budget covers (context, NCCL, what a co-tenant held
+    before startup). Room = free at startup − ceil(T·u) − graphs outside the budget (here none: pool =
+    estimate). A co-tenant that grows by ``grew`` during profiling is inside the budget (utils/mem_utils.py
+    memory_profiling: consumed = init_free − free_after_profile), so only what it ``held`` comes off."""
+    requested = _requested(ceil=True)
+    init_free = T - C - held
+    consumed = W + N + grew
+    kv = requested - consumed - A - G
+    t = _log(tmp_path, _v1_f_room_lines(init_free, consumed, kv, pool=G, estimate=G))
+    assert t["engine"]["era"] == "V1-f"
+    room = init_free - requested  # 6.0 GiB (the context-only figure was 8 − 0.515 = 7.49 GiB)
+    spare = room - MARGIN
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "free at startup" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.95"  # context-only: 0.9 + 5.49/80 → 0.96
+
+
+def test_v1_f_graph_pool_beyond_its_estimate_is_outside_the_budget(tmp_path):
+    """0.20+ (gpu_worker.py determine_available_memory subtracts the estimate; compile_or_warm_up_model then
+    prints 'CUDA graph pool memory: … (actual), … (estimated)'): the pool beyond the estimate is outside."""
+    requested = _requested(ceil=True)
+    init_free = T - C - int(1.5 * GIB)
+    kv = requested - (W + N) - A - G
+    t = _log(tmp_path, _v1_f_room_lines(init_free, W + N, kv, pool=2 * G, estimate=G))
+    spare = init_free - requested - (2 * G - G) - MARGIN  # 3.5 GiB
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "beyond its estimate" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.94"
+
+
+def test_mrv2_before_0_29_graph_pool_is_outside_the_budget(tmp_path):
+    """Model Runner V2 (default for dense unquantized models from 0.22.0, config/vllm.py): its
+    profile_cudagraph_memory returns 0 through 0.28.x (v1/worker/gpu/model_runner.py), gpu_worker.py subtracts
+    the estimate only when > 0, and capture comes after the KV cache: the whole pool is outside the budget."""
+    requested = _requested(ceil=True)
+    init_free = T - C - int(1.5 * GIB)
+    kv = requested - (W + N) - A  # no estimate applied
+    t = _log(tmp_path, _v1_f_room_lines(init_free, W + N, kv, pool=G, estimate=0, mrv2=True))
+    assert t["engine"]["era"] == "V1-f"
+    spare = init_free - requested - G - MARGIN  # 3.5 GiB (graphs taken as inside: 4.0 → 0.95)
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "CUDA graph pool outside the budget" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.94"
