@@ -496,27 +496,24 @@ class Analysis:
         for w in self.ranks:
             if w.total_gpu_bytes is None or w.requested_bytes is None:
                 continue
-            free, how = self._room_of(w)
-            if graphs:
-                free -= graphs
-                how += " − " + graphs_how
+            free, how = self._room_of(w, graphs, graphs_how.replace("outside the budget", "outside it"))
             if best is None or free < best[0]:
                 best = (free, how)
         return best if best is not None else (None, "")
 
-    def _room_of(self, w: Worker) -> Tuple[int, str]:
-        """(T − outside − budget, how) for one worker, before the graphs outside the budget."""
+    def _room_of(self, w: Worker, graphs: int, graphs_how: str) -> Tuple[int, str]:
+        """(free at startup or T, less the budget, the graphs outside it and what else no budget covers; how)."""
         assert w.total_gpu_bytes is not None and w.requested_bytes is not None
-        budget = "the budget ({})".format(w.sources.get("requested_bytes", ""))
+        how = "the budget ({})".format(w.sources.get("requested_bytes", "")) + (" − " + graphs_how if graphs else "")
         if w.free_at_start_bytes is not None:
-            return w.free_at_start_bytes - w.requested_bytes, "free at startup ({}) − {}".format(
-                w.sources.get("free_at_start_bytes", ""), budget)
+            return w.free_at_start_bytes - w.requested_bytes - graphs, "free at startup ({}) − {}".format(
+                w.sources.get("free_at_start_bytes", ""), how)
+        room = w.total_gpu_bytes - w.requested_bytes - graphs
         if self.era.name in ("V0-b", "V1-a"):
-            return w.total_gpu_bytes - w.requested_bytes, "total_gpu_memory − {} (the CUDA context and other " \
-                "processes are inside it in this era)".format(budget)
-        return w.total_gpu_bytes - w.requested_bytes - CUDA_CONTEXT_BYTES, "total_gpu_memory − {} − the CUDA " \
-            "context (~{} MiB, not in the log: measured on an H200){}".format(budget, CUDA_CONTEXT_BYTES >> 20,
-                                                                          self._nccl_note())
+            return room, "total_gpu_memory − {} (the CUDA context and other processes are inside the budget in " \
+                "this era)".format(how)
+        return room - CUDA_CONTEXT_BYTES, "total_gpu_memory − {} − the CUDA context (~{} MiB, not in the log: " \
+            "measured on an H200){}".format(how, CUDA_CONTEXT_BYTES >> 20, self._nccl_note())
 
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
         return []

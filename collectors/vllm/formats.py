@@ -62,6 +62,10 @@ def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywh
                       clues=tuple(clues), anywhere=anywhere)
 
 
+_FOUR_PLACES = re.compile(r"^Model loading took \d+\.\d{4} GiB and ")
+_IN_SECONDS = re.compile(r"warmup model\) took \d+(?:\.\d+)? seconds")
+
+
 def _has(word: str):  # type: ignore[no-untyped-def]
     return lambda d, t: word in t
 
@@ -242,6 +246,9 @@ FORMATS = (
          r"^Model loading took (?P<w>" + _NUM + r") ?(?P<unit>GB|GiB)(?P<mem> memory)? and", _weights,
          first(when(lambda d, t: d["unit"] == "GB", "0.8.0", "0.8.2", "'Model loading took … GB'"),
                when(_has("GiB memory"), "0.11.1", None, "'Model loading took … GiB memory'"),
+               # Model Runner V1 prints %.4f without 'memory' up to 0.11.0 (v1/worker/gpu_model_runner.py
+               # load_model); MRV2's line (v1/worker/gpu/model_runner.py) prints format_gib ('%s GiB and')
+               when(lambda d, t: bool(_FOUR_PLACES.search(t)), "0.8.3", "0.11.0", "'Model loading took %.4f GiB and'"),
                always("0.8.3", None, "'Model loading took … GiB and'"))),
     # V0 per-instance profiling message (0.6.5–0.10.2): three physical lines of one message.
     _row("profile_takes", "profile_begin", "Memory profiling takes", r"^Memory profiling takes", _empty,
@@ -309,13 +316,19 @@ FORMATS = (
     _row("override", "blocks_override", "num_gpu_blocks_override",
          r"^Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)", _empty),
     _row("init_done", "init_done", "init engine (profile, create kv cache",
-         r"^init engine \(profile, create kv cache, warmup model\) took", _empty),
+         r"^init engine \(profile, create kv cache, warmup model\) took", _empty,
+         # '… took %.2f seconds' up to 0.19.x; 0.20.0 prints '… took %.2f s (compilation: …' (v1/engine/core.py)
+         when(lambda d, t: bool(_IN_SECONDS.search(t)), None, "0.19.1", "'init engine … took %.2f seconds'")),
     # The server is up: the API server's banner (openai/api_server.py run_server_worker logs it
     # inside `async with build_async_engine_client(...)`, i.e. after the engine, its KV cache and
     # graphs are built, just before serve_http), then the stat logger's periodic line (V0
     # metrics.py, V1 loggers.py "Engine 000: …"). Either ends a startup that printed no
     # 'init engine … took' (V1), so a log of days of serving is not called a fragment.
     _row("api_server", "serving", "Starting vLLM API server", r"^Starting vLLM API server", _empty),
+    # 0.20+ (entrypoints/openai/api_server.py): logged before the engine starts in 0.27, so a release clue only,
+    # not a sign the server is up
+    _row("server_on", "server_on", "Starting vLLM server on", r"^Starting vLLM server on ", _empty,
+         always("0.20.0", None, "'Starting vLLM server on …'")),
     _row("stat_logger", "serving", "Avg prompt throughput:", r"^(?:Engine \d+: )?Avg prompt throughput:", _empty),
     _row("engine_config", "engine_config", "LLM engine (v",
          r"^Initializing an? (?:V0 |(?P<v1>V1 ))?LLM engine \(v(?P<v>[\w.+-]+)\) with config", _engine_config),

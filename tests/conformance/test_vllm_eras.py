@@ -270,7 +270,9 @@ def test_v0_tp2_the_smaller_worker_binds(tmp_path):
 # --- V1 ----------------------------------------------------------------------------------------
 
 _GRAPH_END = "Graph capturing finished in 5 secs, took {} GiB".format(_f2(G))
-_INIT_DONE = "init engine (profile, create kv cache, warmup model) took 30.00 seconds"
+_INIT_DONE = "init engine (profile, create kv cache, warmup model) took 30.00 seconds"  # ≤ 0.19.x
+# 0.20.0+ (v1/engine/core.py EngineCore.__init__): '… took %.2f s (compilation: %.2f s)'
+_INIT_DONE_020 = "init engine (profile, create kv cache, warmup model) took 30.00 s (compilation: 10.00 s)"
 
 
 def _advisory_line(u: float) -> str:
@@ -343,8 +345,10 @@ def test_v1_b_per_instance_before_nccl(tmp_path):
     assert (kv, kv // BLOCK_BYTES) == (int(54.5 * GIB), 27904)  # facts §2 V1-b
     t = _log(tmp_path, _v1_per_instance(kv, "Model loading took {:.4f} GiB and 10.000000 seconds".format(W / GIB),
                                         _f2(kv)))
-    _v1_common(t, kv, "V1 0.9.1–newest")
-    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is None
+    # 'Model loading took %.4f GiB and' (≤ 0.11.0) with 'init engine … took %.2f seconds' (≤ 0.19): V1-b or V1-c,
+    # both capture graphs outside the budget
+    _v1_common(t, kv, "V1 0.9.1–0.11.0")
+    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is False
     _rank(t, weights_bytes=W, available_kv_bytes=kv, cuda_graph_bytes=G, requested_bytes=None,
           total_gpu_bytes=None, non_torch_bytes=None, activation_peak_bytes=None)
     _per_token_check(t)
@@ -358,12 +362,13 @@ def test_v1_c_snapshot_after_nccl_format_gib(tmp_path):
     assert (kv, kv // BLOCK_BYTES) == (int(54.5 * GIB), 27904)  # facts §2 V1-c
     t = _log(tmp_path, _v1_per_instance(kv, "Model loading took {} GiB memory and 10.000000 seconds".format(_fg(W)),
                                         _fg(kv)))
-    _v1_common(t, kv, "V1 0.14.0–newest")
-    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is None
+    # 'init engine … took %.2f seconds' bounds it at ≤ 0.19.1: V1-c or V1-d, graphs outside either way
+    _v1_common(t, kv, "V1 0.14.0–0.19.1")
+    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is False
     _rank(t, weights_bytes=W, available_kv_bytes=kv, cuda_graph_bytes=G, requested_bytes=None,
           non_torch_bytes=None, activation_peak_bytes=None)
     _per_token_check(t)
-    assert "cudagraph_outside_budget" not in _codes(t)  # the era is not pinned: graphs in or out is unknown
+    assert "cudagraph_outside_budget" in _codes(t)
 
 
 def test_v1_c_engine_banner_pins_the_era(tmp_path):
@@ -436,7 +441,7 @@ def test_v1_e_estimate_inside_the_budget(tmp_path, u, kv_gib, blocks):
                 "into requested memory, or `--kv-cache-memory={}` ({} GiB) to fully utilize gpu memory. Current kv "
                 "cache memory in use is {} GiB.".format(
                     _fg(init_free), _fg(T), u, _fg(requested), _fg(W), _fg(A), _fg(N), _fg(G), spare[0], _fg(spare[0]),
-                    spare[1], _fg(spare[1]), _fg(kv))]) + _lines("[core.py:{}]", [_INIT_DONE])
+                    spare[1], _fg(spare[1]), _fg(kv))]) + _lines("[core.py:{}]", [_INIT_DONE_020])
     t = _log(tmp_path, lines)
     assert t["engine"]["era"] == "V1-e" and t["engine"]["cuda_graphs_in_budget"] is True
     assert t["engine"]["version_hint"] == "V1 0.20.0–0.26.0"
@@ -479,7 +484,7 @@ def test_v1_f_free_delta_suggestion_check(tmp_path):
         "{} GiB.".format(_fg(init_free), _fg(T), U, _fg(requested), _fg(consumed), _fg(peak_printed), _fg(G), to_req,
                          _fg(to_req), to_gpu, _fg(to_gpu), _fg(kv)),
     ]) + _lines("[kv_cache_utils.py:{}]", [_tokens_line(tokens) + ", " + _conc_line(conc)]) + _lines(
-        "[gpu_model_runner.py:5{:03d}]", [_GRAPH_END]) + _lines("[core.py:{}]", [_INIT_DONE])
+        "[gpu_model_runner.py:5{:03d}]", [_GRAPH_END]) + _lines("[core.py:{}]", [_INIT_DONE_020])
     t = _log(tmp_path, lines)
     assert t["engine"]["era"] == "V1-f" and t["engine"]["cuda_graphs_in_budget"] is True
     assert t["engine"]["version_hint"] == "V1 0.28.0–newest"
@@ -614,7 +619,7 @@ def _v1_f_room_lines(init_free: int, consumed: int, kv: int, pool: int, estimate
     return _lines("[gpu_model_runner.py:4{:03d}]", head) + _lines("[gpu_worker.py:4{:02d}]", worker) + _lines(
         "[kv_cache_utils.py:{}]", [_tokens_line(int(conc * MAX_LEN)), _conc_line(conc)]) + _lines(
         "[gpu_model_runner.py:5{:03d}]", ["Graph capturing finished in 5 secs, took {} GiB".format(_f2(pool))]
-        + pool_line) + _lines("[gpu_worker.py:7{:02d}]", [suggestion]) + _lines("[core.py:{}]", [_INIT_DONE])
+        + pool_line) + _lines("[gpu_worker.py:7{:02d}]", [suggestion]) + _lines("[core.py:{}]", [_INIT_DONE_020])
 
 
 @pytest.mark.parametrize("held, grew", [(int(1.5 * GIB), 0), (int(1.5 * GIB), GIB)])
@@ -661,5 +666,15 @@ def test_mrv2_before_0_29_graph_pool_is_outside_the_budget(tmp_path):
     assert t["engine"]["era"] == "V1-f"
     spare = init_free - requested - G - MARGIN  # 3.5 GiB (graphs taken as inside: 4.0 → 0.95)
     f = _unused(t)
-    assert _near(f["bytes"], spare) and "CUDA graph pool outside the budget" in f["detail"], f
+    assert _near(f["bytes"], spare) and "CUDA graph pool outside it" in f["detail"], f
     assert _raise(t) == _raised_u(spare) == "0.94"
+
+
+def test_the_0_20_server_line_bounds_the_release(tmp_path):
+    """0.20.0+ entrypoints/openai/api_server.py: logger.info("Starting vLLM server on %s", listen_address) (in
+    0.27 logged before the engine starts: a release clue, not a sign the server is up)."""
+    kv = _requested() - (W + A + N)
+    lines = _v1_per_instance(kv, "Model loading took {} GiB memory and 10.000000 seconds".format(_fg(W)), _fg(kv))
+    lines = [x.replace(_INIT_DONE, _INIT_DONE_020) for x in lines]
+    t = _log(tmp_path, _lines("[api_server.py:{}]", ["Starting vLLM server on http://0.0.0.0:8000"]) + lines)
+    assert t["engine"]["version_hint"] == "V1 0.20.0–newest"
