@@ -678,3 +678,59 @@ def test_the_0_20_server_line_bounds_the_release(tmp_path):
     lines = [x.replace(_INIT_DONE, _INIT_DONE_020) for x in lines]
     t = _log(tmp_path, _lines("[api_server.py:{}]", ["Starting vLLM server on http://0.0.0.0:8000"]) + lines)
     assert t["engine"]["version_hint"] == "V1 0.20.0–newest"
+
+
+def test_v0_b_room_keeps_the_context_inside_and_takes_the_graph_pool_off(tmp_path):
+    """0.6.4.post1 worker.py determine_num_available_blocks: non_torch = (T − free) − torch_allocated is
+    device-wide, so the CUDA context (and any co-tenant) is already inside T·u; the graph pool is captured
+    after KV sizing (worker.py initialize_cache → _warm_up_model), outside. Room = T − T·u − the pool."""
+    initial, peak, post = W + C, W + A, W + C + N
+    non_torch = post - W
+    kv = _requested() - peak - non_torch
+    blocks = _v0_blocks(kv)
+    lines = _lines("worker.py:{}]".format(232), [
+        "Loading model weights took {:.4f} GB".format(W / GIB),
+        "Memory profiling results: total_gpu_memory={}GiB initial_memory_usage={}GiB peak_torch_memory={}GiB "
+        "memory_usage_post_profile={}GiB non_torch_memory={}GiB kv_cache_size={}GiB gpu_memory_utilization={:.2f}"
+        .format(_f2(T), _f2(initial), _f2(peak), _f2(post), _f2(non_torch), _f2(kv), U),
+        "# GPU blocks: {}, # CPU blocks: {}".format(blocks, SWAP_BYTES // BLOCK_BYTES),
+        "Maximum concurrency for {} tokens per request: {:.2f}x".format(MAX_LEN, blocks * BLOCK_SIZE / MAX_LEN),
+        *_V0_TAIL[:2], "Starting vLLM API server on http://0.0.0.0:8000"])
+    t = _log(tmp_path, lines)
+    assert t["engine"]["era"] == "V0-b" and t["startup"]["complete"] is True
+    spare = T - _requested() - G - MARGIN  # 5.50 GiB (the context taken off again: 4.99 GiB)
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "inside the budget in this era" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.96"
+
+
+def _tp2_v1_c(extra_args: str = "") -> List[str]:
+    """0.11.0 shapes at TP=2 (banner pins V1-c): no line prints T, u or free memory at INFO."""
+    core = "(EngineCore_DP0 pid=400) "
+    kv = _requested() - (W // 2 + A + N)
+    lines = _lines("[core.py:{}]", ["Initializing a V1 LLM engine (v0.11.0) with config: model='/m', max_seq_len={}, "
+                                    "tensor_parallel_size=2, kv_cache_dtype=auto".format(MAX_LEN)], prefix=core)
+    for i in range(2):
+        prefix = "(Worker_TP{} pid=40{}) ".format(i, i + 1)
+        lines += _lines("[gpu_model_runner.py:1{:03d}]", ["Model loading took {:.4f} GiB and 10.000000 seconds".format(
+            W / 2 / GIB)], prefix=prefix)
+        lines += _lines("[gpu_worker.py:2{:02d}]", ["Available KV cache memory: {} GiB".format(_f2(kv))], prefix=prefix)
+        lines += _lines("[gpu_model_runner.py:3{:03d}]", [_GRAPH_END], prefix=prefix)
+    return lines + _lines("[core.py:{}]", [_INIT_DONE], prefix=core)
+
+
+def test_v1_c_tp2_room_without_nccl_figures_is_an_upper_bound():
+    """0.11.0+ gpu_worker.py init_device takes the memory snapshot after NCCL init (init_worker_distributed_
+    environment): NCCL and custom all-reduce buffers are outside the budget, and no INFO line prints them, so
+    a TP>1 ceiling of T·u + the context (+ graphs outside: 0.11 captures after the KV cache) is a lower bound
+    on the process and the room an upper bound, said in its 'how'."""
+    from agent.model.records import Options
+    from agent.vllm.analysis import CUDA_CONTEXT_BYTES, build_analysis
+    from collectors.vllm.startups import segment_lines
+
+    lines = _tp2_v1_c()
+    a = build_analysis(segment_lines([(i + 1, 0, x) for i, x in enumerate(lines)])[0], "t", Options())
+    assert a.era.name == "V1-c" and len(a.ranks) == 2
+    ceiling, how, others_inside = a.process_ceiling(T, {"gpu_memory_utilization": U})
+    assert (ceiling, others_inside) == (int(T * U) + CUDA_CONTEXT_BYTES + G, False)
+    assert "an upper bound" in how and "CUDA graph pool outside the budget" in how
