@@ -82,6 +82,11 @@ class Worker:
     available_kv_bytes: Optional[int] = None
     kv_allocated_bytes: Optional[int] = None  # blocks × page bytes: needs the page size (not in the log)
     free_at_start_bytes: Optional[int] = None
+    # 0.6.4.x (and 0.6.5 dev builds) 'Memory profiling results:': T − free before profiling, the torch
+    # allocation peak (weights included), T − free after it (worker.py determine_num_available_blocks)
+    initial_usage_bytes: Optional[int] = None
+    peak_torch_bytes: Optional[int] = None
+    post_profile_usage_bytes: Optional[int] = None
     sources: Dict[str, str] = field(default_factory=dict)
 
     # node_rules reads ranks through ``target.post_load_avail_bytes`` / ``target.sources``.
@@ -526,6 +531,8 @@ _WORKER_FIELDS = {
     "weights_bytes": "weights_bytes", "non_torch_bytes": "non_torch_bytes", "activation_bytes": "activation_peak_bytes",
     "graph_bytes": "cuda_graph_bytes", "estimate_bytes": "cuda_graph_estimate_bytes",
     "available_kv_bytes": "available_kv_bytes", "free_bytes": "free_at_start_bytes",
+    "initial_bytes": "initial_usage_bytes", "peak_torch_bytes": "peak_torch_bytes",
+    "post_profile_bytes": "post_profile_usage_bytes",
 }
 _WORKER_KINDS = ("weights", "budget", "breakdown", "global_profile", "available_kv", "graph_end", "graph_estimate",
                  "graph_pool", "graph_advisory", "suggestion")

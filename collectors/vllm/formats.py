@@ -262,12 +262,17 @@ FORMATS = (
          r"PyTorch activation peak memory takes (?P<a>" + _NUM + r") ?GiB; the rest of the memory reserved for "
          r"KV Cache is (?P<kv>" + _NUM + r") ?GiB", _breakdown,
          always("0.6.5", "0.10.2", "'model weights take …; … reserved for KV Cache is' (V0 per-instance)")),
+    # 0.6.4.x worker.py: space-separated; 0.6.5 dev builds (2024-11-20 to the 0.6.5 release, #10460):
+    # 'duration=%.2f seconds, ' first, comma-separated, a trailing '.', the same global arithmetic
     _row("profile_global", "global_profile", "Memory profiling results:",
-         r"^Memory profiling results: total_gpu_memory=(?P<t>" + _NUM + r")GiB initial_memory_usage=(?P<init>"
-         + _NUM + r")GiB peak_torch_memory=(?P<peak>" + _NUM + r")GiB memory_usage_post_profile=(?P<post>" + _NUM
-         + r")GiB non_torch_memory=(?P<n>" + _NUM + r")GiB kv_cache_size=(?P<kv>" + _NUM
-         + r")GiB gpu_memory_utilization=(?P<u>" + _NUM + r")", _global,
-         always("0.6.4", "0.6.4", "'Memory profiling results:' (0.6.4.x global profiling)")),
+         r"^Memory profiling results: (?:duration=" + _NUM + r" seconds, )?total_gpu_memory=(?P<t>" + _NUM
+         + r")GiB,? initial_memory_usage=(?P<init>" + _NUM + r")GiB,? peak_torch_memory=(?P<peak>" + _NUM
+         + r")GiB,? memory_usage_post_profile=(?P<post>" + _NUM + r")GiB,? non_torch_memory=(?P<n>" + _NUM
+         + r")GiB,? kv_cache_size=(?P<kv>" + _NUM + r")GiB,? gpu_memory_utilization=(?P<u>" + _NUM + r")", _global,
+         # a build between 0.6.4.post1 and 0.6.5: dated as 0.6.4 (its arithmetic, era V0-b)
+         first(when(_has("duration="), "0.6.4", "0.6.4", "'Memory profiling results: duration=…' (0.6.5 dev builds, "
+                    "global profiling as 0.6.4.x)"),
+               always("0.6.4", "0.6.4", "'Memory profiling results:' (0.6.4.x global profiling)"))),
     _row("available", "available_kv", "Available KV cache memory:",
          r"^Available KV cache memory: (" + _NUM + r") ?GiB", _available,
          first(when(lambda d, t: bool(re.search(r": -?\d+\.\d\d GiB", t)), "0.9.1", None,

@@ -173,7 +173,8 @@ def test_v0_b_0_6_4_global_profile(tmp_path):
     _conc(t, 54.0)
     # the report's activation peak for 0.6.4.x is the torch peak, weights included
     _rank(t, weights_bytes=W, total_gpu_bytes=T, requested_bytes=72 * GIB, available_kv_bytes=kv,
-          non_torch_bytes=non_torch, activation_peak_bytes=peak, cuda_graph_bytes=G)
+          non_torch_bytes=non_torch, activation_peak_bytes=peak, cuda_graph_bytes=G, initial_usage_bytes=initial,
+          peak_torch_bytes=peak, post_profile_usage_bytes=post)
     _budget_check_agrees(t, kv)
     codes = _codes(t)
     assert "cudagraph_outside_budget" in codes and "gpu_memory_utilization_semantics" in codes
@@ -734,3 +735,26 @@ def test_v1_c_tp2_room_without_nccl_figures_is_an_upper_bound():
     ceiling, how, others_inside = a.process_ceiling(T, {"gpu_memory_utilization": U})
     assert (ceiling, others_inside) == (int(T * U) + CUDA_CONTEXT_BYTES + G, False)
     assert "an upper bound" in how and "CUDA graph pool outside the budget" in how
+
+
+def test_v0_b_comma_separated_profile_of_0_6_5_dev_builds(tmp_path):
+    """vLLM main 2024-11-20 (#10460) to the 0.6.5 release, worker.py determine_num_available_blocks:
+    'Memory profiling results: duration=%.2f seconds, total_gpu_memory=%.2fGiB, initial_memory_usage=%.2fGiB,
+    peak_torch_memory=%.2fGiB, memory_usage_post_profile=%.2fGiB, non_torch_memory=%.2fGiB,
+    kv_cache_size=%.2fGiB, gpu_memory_utilization=%.2f.' with 0.6.4.x's global arithmetic."""
+    initial, peak, post = W + C, W + A, W + C + N
+    non_torch = post - W
+    kv = _requested() - peak - non_torch
+    blocks = _v0_blocks(kv)
+    t = _log(tmp_path, _lines("worker.py:{}]".format(250), [
+        "Loading model weights took {:.4f} GB".format(W / GIB),
+        "Memory profiling results: duration=3.21 seconds, total_gpu_memory={}GiB, initial_memory_usage={}GiB, "
+        "peak_torch_memory={}GiB, memory_usage_post_profile={}GiB, non_torch_memory={}GiB, kv_cache_size={}GiB, "
+        "gpu_memory_utilization={:.2f}.".format(_f2(T), _f2(initial), _f2(peak), _f2(post), _f2(non_torch),
+                                                 _f2(kv), U),
+        "# GPU blocks: {}, # CPU blocks: {}".format(blocks, SWAP_BYTES // BLOCK_BYTES)]))
+    assert t["engine"]["era"] == "V0-b"
+    _rank(t, total_gpu_bytes=T, requested_bytes=72 * GIB, available_kv_bytes=kv, non_torch_bytes=non_torch,
+          initial_usage_bytes=initial, peak_torch_bytes=peak, post_profile_usage_bytes=post)
+    assert t["startup"]["ranks"][0]["gpu_memory_utilization"] == U
+    _budget_check_agrees(t, kv)
