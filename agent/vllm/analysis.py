@@ -333,12 +333,12 @@ class Analysis:
     def mrv2_without_estimate(self) -> bool:
         """Model Runner V2 before 0.29: its weights line lacks 'memory' and prints format_gib, not %.4f
         ('Model loading took %s GiB and', v1/worker/gpu/model_runner.py load_model, 0.22.0–0.27.x; the word
-        comes in 0.28.0, so a 0.28 MRV2 log is found only by 'Using V2 Model Runner'); its graph estimate is 0
-        until 0.29.0 (profile_cudagraph_memory)."""
+        comes in 0.28.0), or gpu_worker.py init_device's INFO 'Using V2 Model Runner' (0.27.0: the one sign in
+        0.28); its graph estimate is 0 until 0.29.0 (profile_cudagraph_memory)."""
         if self.era.since is not None and self.era.since >= (0, 29, 0):
             return False
         for ev in self.events:
-            if "Using V2 Model Runner" in (ev.text or ""):
+            if ev.kind == "model_runner_v2":
                 return True
             if ev.kind == "weights" and _MRV2_WEIGHTS.search(ev.text or ""):
                 return True

@@ -334,6 +334,8 @@ FORMATS = (
     # not a sign the server is up
     _row("server_on", "server_on", "Starting vLLM server on", r"^Starting vLLM server on ", _empty,
          always("0.20.0", None, "'Starting vLLM server on …'")),
+    # v1/worker/gpu_worker.py init_device, logger.info_once (0.27.0): the worker runs Model Runner V2
+    _row("mrv2", "model_runner_v2", "Using V2 Model Runner", r"^Using V2 Model Runner", _empty),
     _row("stat_logger", "serving", "Avg prompt throughput:", r"^(?:Engine \d+: )?Avg prompt throughput:", _empty),
     _row("engine_config", "engine_config", "LLM engine (v",
          r"^Initializing an? (?:V0 |(?P<v1>V1 ))?LLM engine \(v(?P<v>[\w.+-]+)\) with config", _engine_config),

@@ -656,14 +656,19 @@ def test_v1_f_graph_pool_beyond_its_estimate_is_outside_the_budget(tmp_path):
     assert _raise(t) == _raised_u(spare) == "0.94"
 
 
-def test_mrv2_before_0_29_graph_pool_is_outside_the_budget(tmp_path):
+@pytest.mark.parametrize("release", ["0.27", "0.28"])
+def test_mrv2_before_0_29_graph_pool_is_outside_the_budget(tmp_path, release):
     """Model Runner V2 (default for dense unquantized models from 0.22.0, config/vllm.py): its
     profile_cudagraph_memory returns 0 through 0.28.x (v1/worker/gpu/model_runner.py), gpu_worker.py subtracts
     the estimate only when > 0, and capture comes after the KV cache: the whole pool is outside the budget."""
     requested = _requested(ceil=True)
     init_free = T - C - int(1.5 * GIB)
     kv = requested - (W + N) - A  # no estimate applied
-    t = _log(tmp_path, _v1_f_room_lines(init_free, W + N, kv, pool=G, estimate=0, mrv2=True))
+    lines = _v1_f_room_lines(init_free, W + N, kv, pool=G, estimate=0, mrv2=True)
+    if release == "0.28":  # the MRV2 weights line gains "memory" in 0.28.0; gpu_worker.py still says which runner
+        lines = _lines("[gpu_worker.py:{}]", ["Using V2 Model Runner"]) + [
+            x.replace("GiB and", "GiB memory and") for x in lines]
+    t = _log(tmp_path, lines)
     assert t["engine"]["era"] == "V1-f"
     spare = init_free - requested - G - MARGIN  # 3.5 GiB (graphs taken as inside: 4.0 → 0.95)
     f = _unused(t)
