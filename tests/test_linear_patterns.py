@@ -34,6 +34,8 @@ WRITTEN = {
     ("sglang", "prefill_graph_failed"): "Fail when using backend: fa3 for prefill runner",
     ("sglang", "scheduler_died"): "Rank 0 scheduler is dead. Please check if there are relevant logs.",
     ("vllm", "api_server"): "Starting vLLM API server 0 on http://0.0.0.0:8000",
+    ("vllm", "server_on"): "Starting vLLM server on http://0.0.0.0:8000",
+    ("vllm", "mrv2"): "Using V2 Model Runner",
     ("vllm", "cg_disabled"): "CUDA graph memory profiling is disabled. Consider changing --gpu-memory-utilization "
                              "from 0.90 to 0.88",
     ("vllm", "engine_config"): "Initializing a V1 LLM engine (v0.10.1) with config: model='m', max_seq_len=4096, "

@@ -165,6 +165,8 @@ def _within_ceiling(insp: Inspection, h: Optional[Headroom]) -> Optional[Headroo
         # server's CUDA context): the worker's ceiling covers only itself
         others = 0 if others_inside else sum(p.used_bytes or 0 for p in g.processes
                                              if p.owner is not Owner.ENGINE or p.rank is None)
+        # what the ceiling already holds of them (vLLM's free memory at startup: the co-tenants then)
+        others = max(0, others - getattr(a, "others_held_at_start", lambda: 0)())
         room = g.total_bytes - g.reserved_bytes - ceiling - others
         if room < 0:
             return None  # the engine runs past what its own budget allows: the formula does not fit this node

@@ -82,6 +82,11 @@ class Worker:
     available_kv_bytes: Optional[int] = None
     kv_allocated_bytes: Optional[int] = None  # blocks × page bytes: needs the page size (not in the log)
     free_at_start_bytes: Optional[int] = None
+    # 0.6.4.x (and 0.6.5 dev builds) 'Memory profiling results:': T − free before profiling, the torch
+    # allocation peak (weights included), T − free after it (worker.py determine_num_available_blocks)
+    initial_usage_bytes: Optional[int] = None
+    peak_torch_bytes: Optional[int] = None
+    post_profile_usage_bytes: Optional[int] = None
     sources: Dict[str, str] = field(default_factory=dict)
 
     # node_rules reads ranks through ``target.post_load_avail_bytes`` / ``target.sources``.
@@ -222,10 +227,6 @@ class Analysis:
         known = [w for w in self.ranks if w.available_kv_bytes is not None]
         return min(known, key=lambda w: w.available_kv_bytes or 0) if known else None
 
-    def graphs_outside_bytes(self) -> Tuple[int, bool]:
-        graphs = [w.cuda_graph_bytes for w in self.ranks if w.cuda_graph_bytes is not None]
-        return (max(graphs) if graphs else 0), bool(graphs)
-
     def default_utilization(self) -> Optional[float]:
         """--gpu-memory-utilization when not given: 0.9, 0.92 from 0.20.0 (config/cache.py); None when the
         log does not say which side of 0.20 it is."""
@@ -263,24 +264,95 @@ class Analysis:
     def process_ceiling(self, cuda_total: int, flags: Dict[str, Any]) -> Optional[Tuple[int, str, bool]]:
         """(bytes, how, others inside) a worker's process may reach on a GPU whose CUDA total is
         ``cuda_total``: the budget T·u at its activation peak, plus the CUDA graph pool where it sits
-        outside the budget (before 0.20, or when the era is unknown: the safe side), plus the CUDA
-        context. In 0.6.4.x and V1 ≤ 0.9.0 the budget counts every other process and the context
-        inside it (their non-torch figure is the device's whole non-torch use): ``others inside``.
+        outside the budget (``graphs_outside``), plus what no budget covers: from a 'Free memory on
+        device (free/total GiB) on startup' line (INFO from 0.27.1, gpu_worker.py determine_available_memory)
+        exactly T − free-at-start (the context, NCCL and the other processes already there: ``others
+        ``others_held_at_start``), else the CUDA context alone. In 0.6.4.x and V1 ≤ 0.9.0 the budget counts every other
+        process and the context inside it (their non-torch figure is the device's whole non-torch use).
         ``how`` lists the terms as they are subtracted from the GPU's memory."""
         got = self.fraction(flags)
         if got is None:
             return None
         u, src = got
         if self.era.name in ("V0-b", "V1-a"):
-            return int(cuda_total * u), "T·u ({}; other processes and the CUDA context are inside it in this " \
-                "era)".format(src), True
-        ceiling = int(cuda_total * u) + CUDA_CONTEXT_BYTES
-        how = "T·u ({}) − the CUDA context (~{} MiB)".format(src, CUDA_CONTEXT_BYTES >> 20)
-        graphs, _ = self.graphs_outside_bytes()
-        if graphs and self.era.graphs_inside is not True:
+            ceiling, how = int(cuda_total * u), "T·u ({}; other processes and the CUDA context are inside it in " \
+                "this era)".format(src)
+            others_inside = True
+        else:
+            w = self.sized_worker()
+            outside = _outside_at_start(w)
+            if outside is not None:
+                ceiling = int(cuda_total * u) + outside[0]
+                how = "T·u ({}) − {}".format(src, outside[1])
+            else:
+                ceiling = int(cuda_total * u) + CUDA_CONTEXT_BYTES
+                how = "T·u ({}) − the CUDA context (~{} MiB){}".format(src, CUDA_CONTEXT_BYTES >> 20, self._nccl_note())
+            others_inside = False
+        graphs, graphs_how = self.graphs_outside()
+        if graphs:
             ceiling += graphs
-            how += " − the CUDA graph pool outside the budget"
-        return ceiling, how, False
+            how += " − " + graphs_how
+        return ceiling, how, others_inside
+
+    def others_held_at_start(self) -> int:
+        """Bytes of the other processes' use that the ceiling already holds: what was in use at startup beyond
+        the CUDA context (NCCL and the co-tenants then); a live room takes off only the other processes' use
+        beyond it (a co-tenant there before startup is not counted twice, one that came later is)."""
+        outside = _outside_at_start(self.sized_worker())
+        return 0 if outside is None or self.era.name in ("V0-b", "V1-a") else max(0, outside[0] - CUDA_CONTEXT_BYTES)
+
+    def graphs_outside(self) -> Tuple[int, str]:
+        """(bytes, how) of the CUDA graph pool outside the budget, the largest worker's:
+        * graphs captured after KV sizing (before 0.20; 0.6.4.x and V1 ≤ 0.9.0 too; era unknown: the safe
+          side): the whole pool;
+        * 0.20+ (Model Runner V1, gpu_worker.py determine_available_memory subtracts the estimate): the part
+          of the pool beyond the estimate ('CUDA graph pool memory: … (actual), … (estimated)');
+        * Model Runner V2 in 0.22–0.28 (v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0,
+          gpu_worker.py subtracts it only above 0, graphs captured after the KV cache): the whole pool."""
+        best = (0, "")
+        for w in self.ranks:
+            if w.cuda_graph_bytes is None:
+                continue
+            got = self._graphs_outside_of(w)
+            if got[0] > best[0]:
+                best = got
+        return best
+
+    def _graphs_outside_of(self, w: Worker) -> Tuple[int, str]:
+        pool, src = w.cuda_graph_bytes or 0, w.sources.get("cuda_graph_bytes", "")
+        if self.era.graphs_inside is not True or self.mrv2_without_estimate():
+            return pool, "the CUDA graph pool outside the budget ({})".format(src)
+        if w.cuda_graph_estimate_bytes is None:
+            return 0, ""
+        beyond = pool - w.cuda_graph_estimate_bytes
+        if beyond <= PRINT_TOLERANCE_BYTES:
+            return 0, ""
+        return beyond, "the CUDA graph pool beyond its estimate ({}; the estimate is inside the budget)".format(
+            w.sources.get("cuda_graph_estimate_bytes", src))
+
+    def mrv2_without_estimate(self) -> bool:
+        """Model Runner V2 before 0.29: its weights line lacks 'memory' and prints format_gib, not %.4f
+        ('Model loading took %s GiB and', v1/worker/gpu/model_runner.py load_model, 0.22.0–0.27.x; the word
+        comes in 0.28.0), or gpu_worker.py init_device's INFO 'Using V2 Model Runner' (0.27.0: the one sign in
+        0.28); its graph estimate is 0 until 0.29.0 (profile_cudagraph_memory)."""
+        if self.era.since is not None and self.era.since >= (0, 29, 0):
+            return False
+        for ev in self.events:
+            if ev.kind == "model_runner_v2":
+                return True
+            if ev.kind == "weights" and _MRV2_WEIGHTS.search(ev.text or ""):
+                return True
+        return False
+
+    def _nccl_note(self) -> str:
+        """From 0.11.0 NCCL and custom all-reduce buffers sit outside the budget (gpu_worker.py init_device takes
+        the snapshot after NCCL init) and no line prints them: with more than one GPU the room is an upper bound."""
+        tp = _given(self.server_args, "tensor_parallel_size") or 1
+        pp = _given(self.server_args, "pipeline_parallel_size") or 1
+        multi = tp * pp > 1 or len(self.ranks) > 1
+        after_nccl = self.era.until is None or self.era.until >= (0, 11, 0)
+        return "; NCCL and all-reduce buffers, which no line prints, not taken off: an upper bound" \
+            if multi and after_nccl else ""
 
     def sized_worker(self) -> Optional[Worker]:
         """The first worker that printed the device total and the fraction (what a new u is sized from)."""
@@ -416,24 +488,37 @@ class Analysis:
                 "--margin".format(flag, gib(margin)))
 
     def headroom(self) -> Tuple[Optional[int], str]:
-        """Memory no budget covers after a finished startup: T − T·u − graphs outside the budget − the
-        CUDA context (not in the log: the figure measured on a real GPU, CUDA_CONTEXT_BYTES). Only from
-        a complete startup whose worker printed T and u."""
+        """Memory no budget covers after a finished startup, the least worker's: free at startup − the
+        budget − graphs outside it where the log prints free at startup (``_outside_at_start``); else
+        T − T·u − graphs outside − the CUDA context (not in the log: the figure measured on a real GPU,
+        CUDA_CONTEXT_BYTES), except in 0.6.4.x and V1 ≤ 0.9.0, whose device-wide non-torch figure already
+        holds the context inside T·u (worker.py determine_num_available_blocks, 0.6.4.post1). Only from a
+        complete startup whose worker printed T and u."""
         if not self.complete or self.failure is not None:
             return None, ""
+        graphs, graphs_how = self.graphs_outside()
         best: Optional[Tuple[int, str]] = None
         for w in self.ranks:
             if w.total_gpu_bytes is None or w.requested_bytes is None:
                 continue
-            free = w.total_gpu_bytes - w.requested_bytes - CUDA_CONTEXT_BYTES
-            how = "total_gpu_memory − the budget ({})".format(w.sources.get("requested_bytes", ""))
-            if self.era.graphs_inside is False and w.cuda_graph_bytes is not None:
-                free -= w.cuda_graph_bytes
-                how += " − the CUDA graph pool outside it ({})".format(w.sources.get("cuda_graph_bytes", ""))
+            free, how = self._room_of(w, graphs, graphs_how.replace("outside the budget", "outside it"))
             if best is None or free < best[0]:
-                best = (free, how + " − the CUDA context (~{} MiB, not in the log: measured on an H200)".format(
-                    CUDA_CONTEXT_BYTES >> 20))
+                best = (free, how)
         return best if best is not None else (None, "")
+
+    def _room_of(self, w: Worker, graphs: int, graphs_how: str) -> Tuple[int, str]:
+        """(free at startup or T, less the budget, the graphs outside it and what else no budget covers; how)."""
+        assert w.total_gpu_bytes is not None and w.requested_bytes is not None
+        how = "the budget ({})".format(w.sources.get("requested_bytes", "")) + (" − " + graphs_how if graphs else "")
+        if w.free_at_start_bytes is not None:
+            return w.free_at_start_bytes - w.requested_bytes - graphs, "free at startup ({}) − {}".format(
+                w.sources.get("free_at_start_bytes", ""), how)
+        room = w.total_gpu_bytes - w.requested_bytes - graphs
+        if self.era.name in ("V0-b", "V1-a"):
+            return room, "total_gpu_memory − {} (the CUDA context and other processes are inside the budget in " \
+                "this era)".format(how)
+        return room - CUDA_CONTEXT_BYTES, "total_gpu_memory − {} − the CUDA context (~{} MiB, not in the log: " \
+            "measured on an H200){}".format(how, CUDA_CONTEXT_BYTES >> 20, self._nccl_note())
 
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:
         return []
@@ -446,9 +531,12 @@ _WORKER_FIELDS = {
     "weights_bytes": "weights_bytes", "non_torch_bytes": "non_torch_bytes", "activation_bytes": "activation_peak_bytes",
     "graph_bytes": "cuda_graph_bytes", "estimate_bytes": "cuda_graph_estimate_bytes",
     "available_kv_bytes": "available_kv_bytes", "free_bytes": "free_at_start_bytes",
+    "initial_bytes": "initial_usage_bytes", "peak_torch_bytes": "peak_torch_bytes",
+    "post_profile_bytes": "post_profile_usage_bytes",
 }
 _WORKER_KINDS = ("weights", "budget", "breakdown", "global_profile", "available_kv", "graph_end", "graph_estimate",
                  "graph_pool", "graph_advisory", "suggestion")
+_MRV2_WEIGHTS = re.compile(r"Model loading took (?!\d+\.\d{4} )\S+ GiB and ")
 _FREE_CHECK_FMTS = ("free_short", "maxlen_v1")  # failures that print the device's memory figures
 _UNSPECIFIC_CAUSES = GENERIC_CAUSES + ("cuda_out_of_memory",)
 _CONFIG_ARGS = ("max_model_len", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size")
@@ -668,6 +756,17 @@ def _stage_of_function(func: Any) -> Optional[str]:
         if func in funcs:
             found = name
     return found
+
+
+def _outside_at_start(w: Optional[Worker]) -> Optional[Tuple[int, str]]:
+    """(T − free at startup, how): what no budget covers, exact, where the worker printed 'Free memory on device
+    (free/total GiB) on startup' (gpu_worker.py determine_available_memory, INFO from 0.27.1): the CUDA context,
+    NCCL and custom all-reduce buffers and what other processes held before startup (from 0.27 a co-tenant's
+    growth during profiling is inside the budget, utils/mem_utils.py memory_profiling)."""
+    if w is None or w.free_at_start_bytes is None or w.total_gpu_bytes is None:
+        return None
+    return w.total_gpu_bytes - w.free_at_start_bytes, "what was in use at startup ({}: the CUDA context, NCCL, " \
+        "other processes)".format(w.sources.get("free_at_start_bytes", ""))
 
 
 def _given(flags: Dict[str, Any], key: str) -> Optional[float]:

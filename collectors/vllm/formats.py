@@ -62,6 +62,10 @@ def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywh
                       clues=tuple(clues), anywhere=anywhere)
 
 
+_FOUR_PLACES = re.compile(r"^Model loading took \d+\.\d{4} GiB and ")
+_IN_SECONDS = re.compile(r"warmup model\) took \d+(?:\.\d+)? seconds")
+
+
 def _has(word: str):  # type: ignore[no-untyped-def]
     return lambda d, t: word in t
 
@@ -242,6 +246,9 @@ FORMATS = (
          r"^Model loading took (?P<w>" + _NUM + r") ?(?P<unit>GB|GiB)(?P<mem> memory)? and", _weights,
          first(when(lambda d, t: d["unit"] == "GB", "0.8.0", "0.8.2", "'Model loading took … GB'"),
                when(_has("GiB memory"), "0.11.1", None, "'Model loading took … GiB memory'"),
+               # Model Runner V1 prints %.4f without 'memory' up to 0.11.0 (v1/worker/gpu_model_runner.py
+               # load_model); MRV2's line (v1/worker/gpu/model_runner.py) prints format_gib ('%s GiB and')
+               when(lambda d, t: bool(_FOUR_PLACES.search(t)), "0.8.3", "0.11.0", "'Model loading took %.4f GiB and'"),
                always("0.8.3", None, "'Model loading took … GiB and'"))),
     # V0 per-instance profiling message (0.6.5–0.10.2): three physical lines of one message.
     _row("profile_takes", "profile_begin", "Memory profiling takes", r"^Memory profiling takes", _empty,
@@ -255,12 +262,17 @@ FORMATS = (
          r"PyTorch activation peak memory takes (?P<a>" + _NUM + r") ?GiB; the rest of the memory reserved for "
          r"KV Cache is (?P<kv>" + _NUM + r") ?GiB", _breakdown,
          always("0.6.5", "0.10.2", "'model weights take …; … reserved for KV Cache is' (V0 per-instance)")),
+    # 0.6.4.x worker.py: space-separated; 0.6.5 dev builds (2024-11-20 to the 0.6.5 release, #10460):
+    # 'duration=%.2f seconds, ' first, comma-separated, a trailing '.', the same global arithmetic
     _row("profile_global", "global_profile", "Memory profiling results:",
-         r"^Memory profiling results: total_gpu_memory=(?P<t>" + _NUM + r")GiB initial_memory_usage=(?P<init>"
-         + _NUM + r")GiB peak_torch_memory=(?P<peak>" + _NUM + r")GiB memory_usage_post_profile=(?P<post>" + _NUM
-         + r")GiB non_torch_memory=(?P<n>" + _NUM + r")GiB kv_cache_size=(?P<kv>" + _NUM
-         + r")GiB gpu_memory_utilization=(?P<u>" + _NUM + r")", _global,
-         always("0.6.4", "0.6.4", "'Memory profiling results:' (0.6.4.x global profiling)")),
+         r"^Memory profiling results: (?:duration=" + _NUM + r" seconds, )?total_gpu_memory=(?P<t>" + _NUM
+         + r")GiB,? initial_memory_usage=(?P<init>" + _NUM + r")GiB,? peak_torch_memory=(?P<peak>" + _NUM
+         + r")GiB,? memory_usage_post_profile=(?P<post>" + _NUM + r")GiB,? non_torch_memory=(?P<n>" + _NUM
+         + r")GiB,? kv_cache_size=(?P<kv>" + _NUM + r")GiB,? gpu_memory_utilization=(?P<u>" + _NUM + r")", _global,
+         # a build between 0.6.4.post1 and 0.6.5: dated as 0.6.4 (its arithmetic, era V0-b)
+         first(when(_has("duration="), "0.6.4", "0.6.4", "'Memory profiling results: duration=…' (0.6.5 dev builds, "
+                    "global profiling as 0.6.4.x)"),
+               always("0.6.4", "0.6.4", "'Memory profiling results:' (0.6.4.x global profiling)"))),
     _row("available", "available_kv", "Available KV cache memory:",
          r"^Available KV cache memory: (" + _NUM + r") ?GiB", _available,
          first(when(lambda d, t: bool(re.search(r": -?\d+\.\d\d GiB", t)), "0.9.1", None,
@@ -309,13 +321,21 @@ FORMATS = (
     _row("override", "blocks_override", "num_gpu_blocks_override",
          r"^Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)", _empty),
     _row("init_done", "init_done", "init engine (profile, create kv cache",
-         r"^init engine \(profile, create kv cache, warmup model\) took", _empty),
+         r"^init engine \(profile, create kv cache, warmup model\) took", _empty,
+         # '… took %.2f seconds' up to 0.19.x; 0.20.0 prints '… took %.2f s (compilation: …' (v1/engine/core.py)
+         when(lambda d, t: bool(_IN_SECONDS.search(t)), None, "0.19.1", "'init engine … took %.2f seconds'")),
     # The server is up: the API server's banner (openai/api_server.py run_server_worker logs it
     # inside `async with build_async_engine_client(...)`, i.e. after the engine, its KV cache and
     # graphs are built, just before serve_http), then the stat logger's periodic line (V0
     # metrics.py, V1 loggers.py "Engine 000: …"). Either ends a startup that printed no
     # 'init engine … took' (V1), so a log of days of serving is not called a fragment.
     _row("api_server", "serving", "Starting vLLM API server", r"^Starting vLLM API server", _empty),
+    # 0.20+ (entrypoints/openai/api_server.py): logged before the engine starts in 0.27, so a release clue only,
+    # not a sign the server is up
+    _row("server_on", "server_on", "Starting vLLM server on", r"^Starting vLLM server on ", _empty,
+         always("0.20.0", None, "'Starting vLLM server on …'")),
+    # v1/worker/gpu_worker.py init_device, logger.info_once (0.27.0): the worker runs Model Runner V2
+    _row("mrv2", "model_runner_v2", "Using V2 Model Runner", r"^Using V2 Model Runner", _empty),
     _row("stat_logger", "serving", "Avg prompt throughput:", r"^(?:Engine \d+: )?Avg prompt throughput:", _empty),
     _row("engine_config", "engine_config", "LLM engine (v",
          r"^Initializing an? (?:V0 |(?P<v1>V1 ))?LLM engine \(v(?P<v>[\w.+-]+)\) with config", _engine_config),

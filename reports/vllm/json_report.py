@@ -13,7 +13,9 @@ def _worker(w: Any) -> Dict[str, Any]:
             "non_torch_bytes": w.non_torch_bytes, "activation_peak_bytes": w.activation_peak_bytes,
             "cuda_graph_bytes": w.cuda_graph_bytes, "cuda_graph_estimate_bytes": w.cuda_graph_estimate_bytes,
             "available_kv_bytes": w.available_kv_bytes, "kv_allocated_bytes": w.kv_allocated_bytes,
-            "free_at_start_bytes": w.free_at_start_bytes, "sources": dict(w.sources)}
+            "free_at_start_bytes": w.free_at_start_bytes, "initial_usage_bytes": w.initial_usage_bytes,
+            "peak_torch_bytes": w.peak_torch_bytes, "post_profile_usage_bytes": w.post_profile_usage_bytes,
+            "sources": dict(w.sources)}
 
 
 def target_dict(a: Any) -> Dict[str, Any]:

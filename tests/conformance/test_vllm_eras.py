@@ -173,7 +173,8 @@ def test_v0_b_0_6_4_global_profile(tmp_path):
     _conc(t, 54.0)
     # the report's activation peak for 0.6.4.x is the torch peak, weights included
     _rank(t, weights_bytes=W, total_gpu_bytes=T, requested_bytes=72 * GIB, available_kv_bytes=kv,
-          non_torch_bytes=non_torch, activation_peak_bytes=peak, cuda_graph_bytes=G)
+          non_torch_bytes=non_torch, activation_peak_bytes=peak, cuda_graph_bytes=G, initial_usage_bytes=initial,
+          peak_torch_bytes=peak, post_profile_usage_bytes=post)
     _budget_check_agrees(t, kv)
     codes = _codes(t)
     assert "cudagraph_outside_budget" in codes and "gpu_memory_utilization_semantics" in codes
@@ -270,7 +271,9 @@ def test_v0_tp2_the_smaller_worker_binds(tmp_path):
 # --- V1 ----------------------------------------------------------------------------------------
 
 _GRAPH_END = "Graph capturing finished in 5 secs, took {} GiB".format(_f2(G))
-_INIT_DONE = "init engine (profile, create kv cache, warmup model) took 30.00 seconds"
+_INIT_DONE = "init engine (profile, create kv cache, warmup model) took 30.00 seconds"  # ≤ 0.19.x
+# 0.20.0+ (v1/engine/core.py EngineCore.__init__): '… took %.2f s (compilation: %.2f s)'
+_INIT_DONE_020 = "init engine (profile, create kv cache, warmup model) took 30.00 s (compilation: 10.00 s)"
 
 
 def _advisory_line(u: float) -> str:
@@ -343,8 +346,10 @@ def test_v1_b_per_instance_before_nccl(tmp_path):
     assert (kv, kv // BLOCK_BYTES) == (int(54.5 * GIB), 27904)  # facts §2 V1-b
     t = _log(tmp_path, _v1_per_instance(kv, "Model loading took {:.4f} GiB and 10.000000 seconds".format(W / GIB),
                                         _f2(kv)))
-    _v1_common(t, kv, "V1 0.9.1–newest")
-    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is None
+    # 'Model loading took %.4f GiB and' (≤ 0.11.0) with 'init engine … took %.2f seconds' (≤ 0.19): V1-b or V1-c,
+    # both capture graphs outside the budget
+    _v1_common(t, kv, "V1 0.9.1–0.11.0")
+    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is False
     _rank(t, weights_bytes=W, available_kv_bytes=kv, cuda_graph_bytes=G, requested_bytes=None,
           total_gpu_bytes=None, non_torch_bytes=None, activation_peak_bytes=None)
     _per_token_check(t)
@@ -358,12 +363,13 @@ def test_v1_c_snapshot_after_nccl_format_gib(tmp_path):
     assert (kv, kv // BLOCK_BYTES) == (int(54.5 * GIB), 27904)  # facts §2 V1-c
     t = _log(tmp_path, _v1_per_instance(kv, "Model loading took {} GiB memory and 10.000000 seconds".format(_fg(W)),
                                         _fg(kv)))
-    _v1_common(t, kv, "V1 0.14.0–newest")
-    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is None
+    # 'init engine … took %.2f seconds' bounds it at ≤ 0.19.1: V1-c or V1-d, graphs outside either way
+    _v1_common(t, kv, "V1 0.14.0–0.19.1")
+    assert t["engine"]["era"] is None and t["engine"]["cuda_graphs_in_budget"] is False
     _rank(t, weights_bytes=W, available_kv_bytes=kv, cuda_graph_bytes=G, requested_bytes=None,
           non_torch_bytes=None, activation_peak_bytes=None)
     _per_token_check(t)
-    assert "cudagraph_outside_budget" not in _codes(t)  # the era is not pinned: graphs in or out is unknown
+    assert "cudagraph_outside_budget" in _codes(t)
 
 
 def test_v1_c_engine_banner_pins_the_era(tmp_path):
@@ -436,7 +442,7 @@ def test_v1_e_estimate_inside_the_budget(tmp_path, u, kv_gib, blocks):
                 "into requested memory, or `--kv-cache-memory={}` ({} GiB) to fully utilize gpu memory. Current kv "
                 "cache memory in use is {} GiB.".format(
                     _fg(init_free), _fg(T), u, _fg(requested), _fg(W), _fg(A), _fg(N), _fg(G), spare[0], _fg(spare[0]),
-                    spare[1], _fg(spare[1]), _fg(kv))]) + _lines("[core.py:{}]", [_INIT_DONE])
+                    spare[1], _fg(spare[1]), _fg(kv))]) + _lines("[core.py:{}]", [_INIT_DONE_020])
     t = _log(tmp_path, lines)
     assert t["engine"]["era"] == "V1-e" and t["engine"]["cuda_graphs_in_budget"] is True
     assert t["engine"]["version_hint"] == "V1 0.20.0–0.26.0"
@@ -479,7 +485,7 @@ def test_v1_f_free_delta_suggestion_check(tmp_path):
         "{} GiB.".format(_fg(init_free), _fg(T), U, _fg(requested), _fg(consumed), _fg(peak_printed), _fg(G), to_req,
                          _fg(to_req), to_gpu, _fg(to_gpu), _fg(kv)),
     ]) + _lines("[kv_cache_utils.py:{}]", [_tokens_line(tokens) + ", " + _conc_line(conc)]) + _lines(
-        "[gpu_model_runner.py:5{:03d}]", [_GRAPH_END]) + _lines("[core.py:{}]", [_INIT_DONE])
+        "[gpu_model_runner.py:5{:03d}]", [_GRAPH_END]) + _lines("[core.py:{}]", [_INIT_DONE_020])
     t = _log(tmp_path, lines)
     assert t["engine"]["era"] == "V1-f" and t["engine"]["cuda_graphs_in_budget"] is True
     assert t["engine"]["version_hint"] == "V1 0.28.0–newest"
@@ -562,3 +568,198 @@ def test_the_engine_banner_bounds_the_release(banner, bounds):
     from agent.vllm.analysis import _banner_bounds
 
     assert _banner_bounds(banner, None, None) == bounds
+
+
+# --- the by-design room: memory vLLM leaves unused given u -------------------------------------
+
+MARGIN = 2 * GIB  # kvforensics' default --margin
+
+
+def _unused(t: Dict) -> Dict:
+    f = [f for f in t["findings"] if f["code"] == "unused_gpu_memory"]
+    assert len(f) == 1, _codes(t)
+    return f[0]
+
+
+def _raise(t: Dict) -> str:
+    recs = [r["value"] for r in t["recommendations"] if r["flag"] == "--gpu-memory-utilization"]
+    assert len(recs) == 1, t["recommendations"]
+    return recs[0]
+
+
+def _raised_u(spare: int, u: float = U) -> str:
+    """recommend.py: u + spare ÷ T rounded down to 0.01."""
+    return "{:.2f}".format(math.floor((u + spare / T) * 100 + 1e-9) / 100)
+
+
+def _v1_f_room_lines(init_free: int, consumed: int, kv: int, pool: int, estimate: int, mrv2: bool = False) -> List[str]:
+    """One 0.27.x startup in the order gpu_worker.py runs it: determine_available_memory (KV = ceil(T·u) −
+    consumed − transient − the estimate applied only when > 0), the engine core's KV lines, then
+    compile_or_warm_up_model: capture_model, 'CUDA graph pool memory' only when the estimate > 0, and the
+    --kv-cache-memory suggestion, whose CUDAGraph figure is the captured pool (cuda_graph_memory_bytes).
+    Model Runner V2 (v1/worker/gpu/model_runner.py): 'Model loading took %s GiB and %.6f seconds' (no
+    'memory' before 0.28.0), no estimate (profile_cudagraph_memory returns 0) and so no advisory."""
+    requested = _requested(ceil=True)
+    blocks = kv // BLOCK_BYTES
+    conc = blocks / PER_REQUEST_BLOCKS
+    weights = "Model loading took {} GiB {}and 10.000000 seconds".format(_fg(W), "" if mrv2 else "memory ")
+    head = [weights] if mrv2 else [weights, "Estimated CUDA graph memory: {} GiB total".format(_f2(estimate))]
+    worker = ([] if mrv2 else [_advisory_line(U)]) + ["Available KV cache memory: {} GiB".format(_fg(kv))]
+    pool_line = [] if mrv2 else ["CUDA graph pool memory: {} GiB (actual), {} GiB (estimated), difference: {} GiB "
+                                 "({:.1f}%).".format(_fg(pool), _fg(estimate), _fg(abs(pool - estimate)),
+                                                     100 * abs(pool - estimate) / pool)]
+    to_req = requested - consumed - A - pool - REDUNDANCY
+    to_gpu = init_free - consumed - A - pool - REDUNDANCY
+    suggestion = (
+        "Free memory on device ({}/{} GiB) on startup. Desired GPU memory utilization is ({}, {} GiB). Actual usage "
+        "is {} GiB for consumed memory (weights + non-torch), {} GiB for peak activation, and {} GiB for CUDAGraph "
+        "memory. Replace gpu_memory_utilization config with `--kv-cache-memory={}` ({} GiB) to fit into requested "
+        "memory, or `--kv-cache-memory={}` ({} GiB) to fully utilize gpu memory. Current kv cache memory in use is "
+        "{} GiB.".format(_fg(init_free), _fg(T), U, _fg(requested), _fg(consumed), _fg(A), _fg(pool), to_req,
+                         _fg(to_req), to_gpu, _fg(to_gpu), _fg(kv)))
+    return _lines("[gpu_model_runner.py:4{:03d}]", head) + _lines("[gpu_worker.py:4{:02d}]", worker) + _lines(
+        "[kv_cache_utils.py:{}]", [_tokens_line(int(conc * MAX_LEN)), _conc_line(conc)]) + _lines(
+        "[gpu_model_runner.py:5{:03d}]", ["Graph capturing finished in 5 secs, took {} GiB".format(_f2(pool))]
+        + pool_line) + _lines("[gpu_worker.py:7{:02d}]", [suggestion]) + _lines("[core.py:{}]", [_INIT_DONE_020])
+
+
+@pytest.mark.parametrize("held, grew", [(int(1.5 * GIB), 0), (int(1.5 * GIB), GIB)])
+def test_v1_f_room_is_free_at_startup_minus_the_budget(tmp_path, held, grew):
+    """0.27.1+ prints 'Free memory on device (free/total GiB) on startup' (gpu_worker.py
+    compile_or_warm_up_model): T − free is everything no budget covers (context, NCCL, what a co-tenant held
+    before startup). Room = free at startup − ceil(T·u) − graphs outside the budget (here none: pool =
+    estimate). A co-tenant that grows by ``grew`` during profiling is inside the budget (utils/mem_utils.py
+    memory_profiling: consumed = init_free − free_after_profile), so only what it ``held`` comes off."""
+    requested = _requested(ceil=True)
+    init_free = T - C - held
+    consumed = W + N + grew
+    kv = requested - consumed - A - G
+    t = _log(tmp_path, _v1_f_room_lines(init_free, consumed, kv, pool=G, estimate=G))
+    assert t["engine"]["era"] == "V1-f"
+    room = init_free - requested  # 6.0 GiB (the context-only figure was 8 − 0.515 = 7.49 GiB)
+    spare = room - MARGIN
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "free at startup" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.95"  # context-only: 0.9 + 5.49/80 → 0.96
+
+
+def test_v1_f_graph_pool_beyond_its_estimate_is_outside_the_budget(tmp_path):
+    """0.20+ (gpu_worker.py determine_available_memory subtracts the estimate; compile_or_warm_up_model then
+    prints 'CUDA graph pool memory: … (actual), … (estimated)'): the pool beyond the estimate is outside."""
+    requested = _requested(ceil=True)
+    init_free = T - C - int(1.5 * GIB)
+    kv = requested - (W + N) - A - G
+    t = _log(tmp_path, _v1_f_room_lines(init_free, W + N, kv, pool=2 * G, estimate=G))
+    spare = init_free - requested - (2 * G - G) - MARGIN  # 3.5 GiB
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "beyond its estimate" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.94"
+
+
+@pytest.mark.parametrize("release", ["0.27", "0.28"])
+def test_mrv2_before_0_29_graph_pool_is_outside_the_budget(tmp_path, release):
+    """Model Runner V2 (default for dense unquantized models from 0.22.0, config/vllm.py): its
+    profile_cudagraph_memory returns 0 through 0.28.x (v1/worker/gpu/model_runner.py), gpu_worker.py subtracts
+    the estimate only when > 0, and capture comes after the KV cache: the whole pool is outside the budget."""
+    requested = _requested(ceil=True)
+    init_free = T - C - int(1.5 * GIB)
+    kv = requested - (W + N) - A  # no estimate applied
+    lines = _v1_f_room_lines(init_free, W + N, kv, pool=G, estimate=0, mrv2=True)
+    if release == "0.28":  # the MRV2 weights line gains "memory" in 0.28.0; gpu_worker.py still says which runner
+        lines = _lines("[gpu_worker.py:{}]", ["Using V2 Model Runner"]) + [
+            x.replace("GiB and", "GiB memory and") for x in lines]
+    t = _log(tmp_path, lines)
+    assert t["engine"]["era"] == "V1-f"
+    spare = init_free - requested - G - MARGIN  # 3.5 GiB (graphs taken as inside: 4.0 → 0.95)
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "CUDA graph pool outside it" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.94"
+
+
+def test_the_0_20_server_line_bounds_the_release(tmp_path):
+    """0.20.0+ entrypoints/openai/api_server.py: logger.info("Starting vLLM server on %s", listen_address) (in
+    0.27 logged before the engine starts: a release clue, not a sign the server is up)."""
+    kv = _requested() - (W + A + N)
+    lines = _v1_per_instance(kv, "Model loading took {} GiB memory and 10.000000 seconds".format(_fg(W)), _fg(kv))
+    lines = [x.replace(_INIT_DONE, _INIT_DONE_020) for x in lines]
+    t = _log(tmp_path, _lines("[api_server.py:{}]", ["Starting vLLM server on http://0.0.0.0:8000"]) + lines)
+    assert t["engine"]["version_hint"] == "V1 0.20.0–newest"
+
+
+def test_v0_b_room_keeps_the_context_inside_and_takes_the_graph_pool_off(tmp_path):
+    """0.6.4.post1 worker.py determine_num_available_blocks: non_torch = (T − free) − torch_allocated is
+    device-wide, so the CUDA context (and any co-tenant) is already inside T·u; the graph pool is captured
+    after KV sizing (worker.py initialize_cache → _warm_up_model), outside. Room = T − T·u − the pool."""
+    initial, peak, post = W + C, W + A, W + C + N
+    non_torch = post - W
+    kv = _requested() - peak - non_torch
+    blocks = _v0_blocks(kv)
+    lines = _lines("worker.py:{}]".format(232), [
+        "Loading model weights took {:.4f} GB".format(W / GIB),
+        "Memory profiling results: total_gpu_memory={}GiB initial_memory_usage={}GiB peak_torch_memory={}GiB "
+        "memory_usage_post_profile={}GiB non_torch_memory={}GiB kv_cache_size={}GiB gpu_memory_utilization={:.2f}"
+        .format(_f2(T), _f2(initial), _f2(peak), _f2(post), _f2(non_torch), _f2(kv), U),
+        "# GPU blocks: {}, # CPU blocks: {}".format(blocks, SWAP_BYTES // BLOCK_BYTES),
+        "Maximum concurrency for {} tokens per request: {:.2f}x".format(MAX_LEN, blocks * BLOCK_SIZE / MAX_LEN),
+        *_V0_TAIL[:2], "Starting vLLM API server on http://0.0.0.0:8000"])
+    t = _log(tmp_path, lines)
+    assert t["engine"]["era"] == "V0-b" and t["startup"]["complete"] is True
+    spare = T - _requested() - G - MARGIN  # 5.50 GiB (the context taken off again: 4.99 GiB)
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "inside the budget in this era" in f["detail"], f
+    assert _raise(t) == _raised_u(spare) == "0.96"
+
+
+def _tp2_v1_c(extra_args: str = "") -> List[str]:
+    """0.11.0 shapes at TP=2 (banner pins V1-c): no line prints T, u or free memory at INFO."""
+    core = "(EngineCore_DP0 pid=400) "
+    kv = _requested() - (W // 2 + A + N)
+    lines = _lines("[core.py:{}]", ["Initializing a V1 LLM engine (v0.11.0) with config: model='/m', max_seq_len={}, "
+                                    "tensor_parallel_size=2, kv_cache_dtype=auto".format(MAX_LEN)], prefix=core)
+    for i in range(2):
+        prefix = "(Worker_TP{} pid=40{}) ".format(i, i + 1)
+        lines += _lines("[gpu_model_runner.py:1{:03d}]", ["Model loading took {:.4f} GiB and 10.000000 seconds".format(
+            W / 2 / GIB)], prefix=prefix)
+        lines += _lines("[gpu_worker.py:2{:02d}]", ["Available KV cache memory: {} GiB".format(_f2(kv))], prefix=prefix)
+        lines += _lines("[gpu_model_runner.py:3{:03d}]", [_GRAPH_END], prefix=prefix)
+    return lines + _lines("[core.py:{}]", [_INIT_DONE], prefix=core)
+
+
+def test_v1_c_tp2_room_without_nccl_figures_is_an_upper_bound():
+    """0.11.0+ gpu_worker.py init_device takes the memory snapshot after NCCL init (init_worker_distributed_
+    environment): NCCL and custom all-reduce buffers are outside the budget, and no INFO line prints them, so
+    a TP>1 ceiling of T·u + the context (+ graphs outside: 0.11 captures after the KV cache) is a lower bound
+    on the process and the room an upper bound, said in its 'how'."""
+    from agent.model.records import Options
+    from agent.vllm.analysis import CUDA_CONTEXT_BYTES, build_analysis
+    from collectors.vllm.startups import segment_lines
+
+    lines = _tp2_v1_c()
+    a = build_analysis(segment_lines([(i + 1, 0, x) for i, x in enumerate(lines)])[0], "t", Options())
+    assert a.era.name == "V1-c" and len(a.ranks) == 2
+    ceiling, how, others_inside = a.process_ceiling(T, {"gpu_memory_utilization": U})
+    assert (ceiling, others_inside) == (int(T * U) + CUDA_CONTEXT_BYTES + G, False)
+    assert "an upper bound" in how and "CUDA graph pool outside the budget" in how
+
+
+def test_v0_b_comma_separated_profile_of_0_6_5_dev_builds(tmp_path):
+    """vLLM main 2024-11-20 (#10460) to the 0.6.5 release, worker.py determine_num_available_blocks:
+    'Memory profiling results: duration=%.2f seconds, total_gpu_memory=%.2fGiB, initial_memory_usage=%.2fGiB,
+    peak_torch_memory=%.2fGiB, memory_usage_post_profile=%.2fGiB, non_torch_memory=%.2fGiB,
+    kv_cache_size=%.2fGiB, gpu_memory_utilization=%.2f.' with 0.6.4.x's global arithmetic."""
+    initial, peak, post = W + C, W + A, W + C + N
+    non_torch = post - W
+    kv = _requested() - peak - non_torch
+    blocks = _v0_blocks(kv)
+    t = _log(tmp_path, _lines("worker.py:{}]".format(250), [
+        "Loading model weights took {:.4f} GB".format(W / GIB),
+        "Memory profiling results: duration=3.21 seconds, total_gpu_memory={}GiB, initial_memory_usage={}GiB, "
+        "peak_torch_memory={}GiB, memory_usage_post_profile={}GiB, non_torch_memory={}GiB, kv_cache_size={}GiB, "
+        "gpu_memory_utilization={:.2f}.".format(_f2(T), _f2(initial), _f2(peak), _f2(post), _f2(non_torch),
+                                                 _f2(kv), U),
+        "# GPU blocks: {}, # CPU blocks: {}".format(blocks, SWAP_BYTES // BLOCK_BYTES)]))
+    assert t["engine"]["era"] == "V0-b"
+    _rank(t, total_gpu_bytes=T, requested_bytes=72 * GIB, available_kv_bytes=kv, non_torch_bytes=non_torch,
+          initial_usage_bytes=initial, peak_torch_bytes=peak, post_profile_usage_bytes=post)
+    assert t["startup"]["ranks"][0]["gpu_memory_utilization"] == U
+    _budget_check_agrees(t, kv)
