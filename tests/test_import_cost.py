@@ -58,3 +58,19 @@ def test_the_guard_sees_what_it_guards():
     """The same probe on the terminal format does load a renderer: the list is not vacuous."""
     modules, _ = _modules("analyze", str(ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"))
     assert "reports.terminal" in _heavy(modules)
+
+
+def test_what_record_types_unchecked_conforms(tmp_path, monkeypatch):
+    """record and serve type their own collectors' snapshots without the schema check (per-run work that
+    finds nothing: evidence.Collected); here the check runs on exactly what they collect."""
+    from agent.cli.record import collector
+    from agent.model import evidence
+    from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
+
+    build_fake_nvml()
+    with FakeNode(tmp_path / "node") as node:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(node.scenario))
+        snap = collector(str(FAKE_LIB), None, None, False, None)()
+    assert type(snap) is evidence.Collected and snap["nvml"]["gpus"]
+    evidence.check("snapshot", dict(snap))
+    assert evidence.parse(snap).nvml.gpus == evidence.parse(dict(snap)).nvml.gpus

@@ -127,11 +127,14 @@ def local_target() -> str:
 
 def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optional[str], http: bool,
               engine: Optional[int]) -> Callable[[], Dict[str, Any]]:
-    """One snapshot of this node per call, with the collection options of record and serve."""
+    """One snapshot of this node per call, with the collection options of record and serve (made here: typed
+    without a schema check, evidence.Collected)."""
+    from agent.model.evidence import Collected
     from collectors import snapshot
 
     def collect() -> Dict[str, Any]:
-        return snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http, engine=engine)
+        return Collected(snapshot.collect(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http,
+                                          engine=engine))
 
     return collect
 
