@@ -5,6 +5,11 @@ with a ``plugin.py`` that exports ``ENGINE``, that layer's descriptor. The regis
 modules on first use, so the engine-neutral code names no engine, and a new engine touches only
 its own folders. ``register`` adds one from elsewhere (a test's toy engine).
 
+Only what a command uses is imported: ``find``/``get`` of one name import that engine's folder
+alone (the folder is the engine's name), ``all`` every one. A descriptor's functions can be
+``lazy("module:function")``, imported on first call, so a plug-in module need not import its
+engine's analysis or renderers to describe them.
+
 Pure and standard library only: reports may use it (it reads nothing of the machine), and the
 probe ships it; inside the probe the modules come from memory, so the probe's loader lists them.
 """
@@ -15,7 +20,7 @@ import importlib
 import os
 from typing import Any, Dict, Generic, List, Optional, Tuple, TypeVar
 
-__all__ = ["Registry", "UnknownEngine"]
+__all__ = ["Registry", "UnknownEngine", "lazy"]
 
 P = TypeVar("P")
 PLUGIN_MODULE = "plugin"
@@ -25,12 +30,34 @@ class UnknownEngine(KeyError):
     """A name no registered engine has."""
 
 
+class lazy(object):  # noqa: N801 — reads as a function at the call site
+    """A function named ``"module:attribute"``, imported on its first call (then called directly)."""
+
+    __slots__ = ("where", "_target")
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._target: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        target = self._target
+        if target is None:
+            module, attr = self.where.split(":")
+            target = self._target = getattr(importlib.import_module(module), attr)
+        return target(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return "lazy({!r})".format(self.where)
+
+
 class Registry(Generic[P]):
     """The plug-ins of one layer's package, by name, in name order (the first is the tie-breaker)."""
 
     def __init__(self, package: str) -> None:
         self._package = package
         self._found: Optional[Dict[str, P]] = None
+        self._one: Dict[str, P] = {}  # engines imported alone, by find()
+        self._folder_names: Optional[List[str]] = None
         self._extra: Dict[str, P] = {}
 
     def _folders(self) -> List[str]:
@@ -45,15 +72,31 @@ class Registry(Generic[P]):
                     out.append(name)
         return out
 
+    def _load(self, folder: str) -> P:
+        return importlib.import_module("{}.{}.{}".format(self._package, folder, PLUGIN_MODULE)).ENGINE
+
     def _discover(self) -> Dict[str, P]:
         if self._found is None:
             found: Dict[str, P] = {}
             for folder in self._folders():
-                module = importlib.import_module("{}.{}.{}".format(self._package, folder, PLUGIN_MODULE))
-                plugin = module.ENGINE
+                plugin = self._load(folder)
                 found[plugin.name] = plugin
             self._found = found
         return self._found
+
+    def _alone(self, name: str) -> Optional[P]:
+        """The engine in the folder of that name, importing no other; None where the folder differs."""
+        if name in self._one:
+            return self._one[name]
+        if self._folder_names is None:
+            self._folder_names = self._folders()
+        if name not in self._folder_names:
+            return None
+        plugin = self._load(name)
+        if plugin.name != name:
+            return None
+        self._one[name] = plugin
+        return plugin
 
     def register(self, plugin: P) -> P:
         """Add an engine defined outside the package's folders; replaces one of the same name."""
@@ -74,7 +117,10 @@ class Registry(Generic[P]):
     def find(self, name: Any) -> Optional[P]:
         if not isinstance(name, str):
             return None
-        return self._extra.get(name) or self._discover().get(name)
+        found = self._extra.get(name)
+        if found is None and self._found is None:
+            found = self._alone(name)
+        return found or self._discover().get(name)
 
     def get(self, name: str) -> P:
         plugin = self.find(name)

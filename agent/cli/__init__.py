@@ -1,31 +1,58 @@
 """Command line: ``kvforensics COMMAND``. Thin Typer commands over plain functions, one module each.
 
 ``main()`` is the only place that turns outcomes into exit codes (agent/cli/exitcodes.py).
-Heavy modules (rich, the model, paramiko) are imported inside commands so ``--help`` stays fast.
+Heavy modules (rich, the model, paramiko) are imported inside commands so ``--help`` stays fast, and
+``main()`` imports only the command it runs (``COMMANDS`` names each one's module): ``analyze`` never
+loads inspect's SSH and rendering stack. ``app`` (every command) is built on first use.
+
+Typer 0.2x coerces every parameter's value through a pydantic TypeAdapter, which costs a command
+~50–80 ms of imports before it does anything. ``_fast_coercion`` gives the plain types our commands
+use (str, int, float, bool) a stdlib coercer that yields what pydantic would, and hands anything
+else (and every value it would reject, so the error message is typer's own) to typer's adapter.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
-from agent.cli import analyze, deploy, exitcodes, history, inspect, probe, record, serve, watch
+from agent.cli import exitcodes
 from agent.cli.options import UsageProblem
 
-__all__ = ["app", "entry", "main", "UsageProblem"]
+__all__ = ["app", "entry", "main", "UsageProblem", "COMMANDS"]
 
-app = typer.Typer(
-    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    help="Explain where an LLM inference server's GPU memory went, and what to change to turn "
-    "free memory into KV tokens and concurrent requests. Sizes are GiB on screen, bytes in JSON. "
-    "Environment: NO_COLOR disables colour; KVFORENSICS_DEBUG=1 shows tracebacks of internal errors.",
+# Name, module:function, short help, in the order `kvforensics --help` lists them.
+COMMANDS = (
+    ("analyze", "analyze:analyze", "Explain GPU memory from an engine's startup log, offline."),
+    ("inspect", "inspect:inspect", "Inspect nodes live (here or over SSH), reconciled."),
+    ("record", "record:record", "Sample into history; export Prometheus metrics (cron)."),
+    ("serve", "serve:serve", "Serve /metrics and /healthz, sampling on scrape (DaemonSet)."),
+    ("history", "history:history_cmd", "Low-water free memory and peak KV use over time."),
+    ("watch", "watch:watch", "Live view of free GPU memory and KV usage."),
+    ("probe", "probe:probe", "Write the exact probe shipped to inspected hosts."),
+    ("deploy-files", "deploy:deploy_files", "Write cron, systemd, alert, Kubernetes, Grafana files."),
+    ("schema", "deploy:schema", "Print a published JSON Schema (report, snapshot, history)."),
 )
+_APP: Optional[typer.Typer] = None
+
+
+def _new_app() -> typer.Typer:
+    made = typer.Typer(
+        add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
+        no_args_is_help=True,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        help="Explain where an LLM inference server's GPU memory went, and what to change to turn "
+        "free memory into KV tokens and concurrent requests. Sizes are GiB on screen, bytes in JSON. "
+        "Environment: NO_COLOR disables colour; KVFORENSICS_DEBUG=1 shows tracebacks of internal errors.",
+    )
+    made.callback()(_group)
+    return made
 
 
 def _version(value: bool) -> None:
@@ -39,7 +66,6 @@ def _version(value: bool) -> None:
         raise typer.Exit(exitcodes.EXIT_OK)
 
 
-@app.callback()
 def _group(
     show_version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                       help="Print the version and exit."),
@@ -47,16 +73,32 @@ def _group(
     """Explain where an LLM inference server's GPU memory went (see COMMAND --help)."""
 
 
-# Registered here, in the order `kvforensics --help` lists them.
-app.command("analyze", short_help="Explain GPU memory from an engine's startup log, offline.")(analyze.analyze)
-app.command("inspect", short_help="Inspect nodes live (here or over SSH), reconciled.")(inspect.inspect)
-app.command("record", short_help="Sample into history; export Prometheus metrics (cron).")(record.record)
-app.command("serve", short_help="Serve /metrics and /healthz, sampling on scrape (DaemonSet).")(serve.serve)
-app.command("history", short_help="Low-water free memory and peak KV use over time.")(history.history_cmd)
-app.command("watch", short_help="Live view of free GPU memory and KV usage.")(watch.watch)
-app.command("probe", short_help="Write the exact probe shipped to inspected hosts.")(probe.probe)
-app.command("deploy-files", short_help="Write cron, systemd, alert, Kubernetes, Grafana files.")(deploy.deploy_files)
-app.command("schema", short_help="Print a published JSON Schema (report, snapshot, history).")(deploy.schema)
+def build(only: Optional[str] = None) -> typer.Typer:
+    """The app with every command, or with ``only`` that one (what ``main`` runs: one module imported)."""
+    made = _new_app()
+    for name, where, short in COMMANDS:
+        if only is None or name == only:
+            module, func = where.split(":")
+            made.command(name, short_help=short)(getattr(importlib.import_module("agent.cli." + module), func))
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: every command, built once on first use (tests, docs); ``main`` builds only what it runs."""
+    global _APP
+    if name == "app":
+        if _APP is None:
+            _APP = build()
+        return _APP
+    raise AttributeError(name)
+
+
+def _chosen(args: List[str]) -> Optional[str]:
+    """The command the arguments name, when they start with one (else every command: help, a typo's
+    suggestions and shell completion need them all)."""
+    if not args or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
+        return None
+    return args[0] if any(args[0] == name for name, _, _ in COMMANDS) else None
 
 
 # What --help shows for each value (typer's defaults read <str>, <list[str]>, {log}).
@@ -83,15 +125,89 @@ def _readable_metavars(command) -> None:  # type: ignore[no-untyped-def]
             shown = param.metavar or (param.name or "").upper()
             usage = shown if param.required else "[{}]".format(shown)
             param.get_usage_pieces = lambda ctx, usage=usage: [usage]
+    _fast_coercion(command)
     for sub in getattr(command, "commands", {}).values():
         _readable_metavars(sub)
+
+
+_INT = re.compile(r"[+-]?[0-9]+\Z")
+_FLOAT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
+
+
+def _plain(annotation: Any, value: Any) -> Any:
+    """What pydantic's lax mode makes of ``value`` for a plain type, or ``_PYDANTIC`` where unsure."""
+    if annotation is bool:
+        return value if isinstance(value, bool) else _PYDANTIC
+    if annotation is str:
+        return value if isinstance(value, str) else _PYDANTIC
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return int(value) if isinstance(value, str) and _INT.match(value) else _PYDANTIC
+    if annotation is float:
+        if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+            return float(value)
+        return float(value) if isinstance(value, str) and _FLOAT.match(value) else _PYDANTIC
+    return _PYDANTIC
+
+
+_PYDANTIC = object()
+
+
+class _FastCoercion:
+    """typer's runtime coercion contract (``coerce``) for a plain scalar parameter, without pydantic."""
+
+    def __init__(self, param: Any, typer_builder: Any) -> None:
+        self._param = param
+        self._typer_builder = typer_builder
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value is None:
+            return None
+        fast = _plain(param.type_descriptor.annotation, value)
+        if fast is not _PYDANTIC:
+            return fast
+        # anything unusual, and every bad value: typer's own coercion (and its error message)
+        return self._typer_builder(param.type_descriptor).coerce(value, param=param, ctx=ctx)
+
+
+def _fast_coercion(command: Any) -> None:
+    """Pre-set typer's lazily built coercer of each plain scalar parameter (see the module's docstring).
+    Only where typer has the attributes this relies on: another typer version keeps its own coercion."""
+    try:
+        from typer._coercion import build_runtime_param
+    except ImportError:
+        return
+    for param in getattr(command, "params", ()):
+        _fast_param(param, build_runtime_param)
+    made_help = getattr(command, "get_help_option", None)
+    if made_help is not None:  # -h/--help: made anew for each context, a bool like the others
+
+        def help_option(ctx: Any) -> Any:
+            option = made_help(ctx)
+            if option is not None:
+                _fast_param(option, build_runtime_param)
+            return option
+
+        command.get_help_option = help_option
+
+
+def _fast_param(param: Any, build_runtime_param: Any) -> None:
+    desc = getattr(param, "type_descriptor", None)
+    info = getattr(desc, "parameter_info", None)
+    if (desc is None or info is None or not hasattr(param, "_runtime_param") or param.nargs != 1
+            or param.multiple or desc.annotation not in (str, int, float, bool)
+            or getattr(desc, "file_annotation", None) is not None
+            or any(getattr(info, k, None) is not None for k in ("parser", "click_type", "min", "max"))):
+        return
+    param._runtime_param = _FastCoercion(param, build_runtime_param)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point: run the app, map every outcome to a documented exit code."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        command = typer.main.get_command(app)
+        command = typer.main.get_command(build(_chosen(args)))
         _readable_metavars(command)
         result = command.main(args=args, prog_name="kvforensics", standalone_mode=False)
         return int(result) if isinstance(result, int) else exitcodes.EXIT_OK

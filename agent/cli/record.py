@@ -148,12 +148,14 @@ def local_target() -> str:
 def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optional[str], http: bool,
               engine: Optional[int]) -> Callable[[], List[Dict[str, Any]]]:
     """One look at this node per call: a snapshot per engine (--engine: that one), with the collection
-    options of record and serve."""
+    options of record and serve (made here: typed without a schema check, evidence.Collected)."""
+    from agent.model.evidence import Collected
     from collectors import snapshot
 
     def collect() -> List[Dict[str, Any]]:
-        return snapshot.collect_each(nvml_lib=nvml_lib, log=log, model_config_path=model_config, http=http,
-                                     engine=engine)
+        return [Collected(snap) for snap in snapshot.collect_each(nvml_lib=nvml_lib, log=log,
+                                                                  model_config_path=model_config, http=http,
+                                                                  engine=engine)]
 
     return collect
 

@@ -24,17 +24,23 @@ Rule = Callable[[Context], Iterable[Finding]]
 Recommender = Callable[[Context], Iterable[Recommendation]]
 
 
-def _mine(ctx: Context, engine: EngineModel) -> bool:
-    return ctx.analysis is not None and ctx.analysis.engine == engine.name
+def _named(name: object) -> List[EngineModel]:
+    """The engine of that name alone (no other engine's modules imported), or none."""
+    engine = ENGINES.find(name)
+    return [engine] if engine is not None else []
+
+
+def _mine(ctx: Context) -> List[EngineModel]:
+    return _named(ctx.analysis.engine) if ctx.analysis is not None else []
 
 
 def _startup_findings(ctx: Context, which: str) -> List[Finding]:
     """An engine's rules over its startup analysis: silent without one, or on another engine's."""
-    return [f for e in ENGINES.all() if _mine(ctx, e) for rule in getattr(e, which) for f in rule(ctx.analysis)]
+    return [f for e in _mine(ctx) for rule in getattr(e, which) for f in rule(ctx.analysis)]
 
 
 def _engine_node_findings(ctx: Context) -> List[Finding]:
-    return [f for e in ENGINES.all() if ctx.engine_kind == e.name for rule in e.node_rules for f in rule(ctx)]
+    return [f for e in _named(ctx.engine_kind) for rule in e.node_rules for f in rule(ctx)]
 
 
 NODE_FIRST: List[Rule] = [node_rules.nvml_unavailable, node_rules.gpu_lost, node_rules.engine_not_found,
@@ -60,5 +66,5 @@ def findings(ctx: Context) -> List[Finding]:
 
 def recommendations(ctx: Context) -> List[Recommendation]:
     """Each engine's recommenders; without a startup analysis, every engine's (they read the live node)."""
-    return [r for e in ENGINES.all() if ctx.analysis is None or _mine(ctx, e)
-            for rec in e.recommenders for r in rec(ctx)]
+    engines = ENGINES.all() if ctx.analysis is None else _mine(ctx)
+    return [r for e in engines for rec in e.recommenders for r in rec(ctx)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.remote import probe as probe_mod
@@ -52,6 +52,11 @@ def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.
         spec = ssh.resolve(target, config, opts.accept_new, opts.identity)
         session = ssh.connect(spec, config, deadline, opts.accept_new)
         result = ssh.exec_once(session, probe_mod.REMOTE_COMMAND, probe.script, deadline)
+        trips = 1
+        if probe_mod.wants_lzma(result.stdout):  # a python3 built without lzma: the deflated probe, once more
+            probe, first_sent = probe.without_lzma(), result.bytes_sent
+            result = ssh.exec_once(session, probe_mod.REMOTE_COMMAND, probe.script, deadline)
+            result, trips = replace(result, bytes_sent=first_sent + result.bytes_sent), 2
         stderr = result.stderr.decode("utf-8", "replace")[-4000:]
         if result.exit_status == 127 or (result.exit_status != 0 and any(s in result.stderr for s in _NO_PYTHON)
                                          and b"python3" in result.stderr):
@@ -59,8 +64,8 @@ def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.
                               problem=("probe.python_not_found",
                                        "{}: no python3 there (kvforensics needs only python3 >= 3.8 on the host; "
                                        "nothing is installed)".format(target)),
-                              stderr=stderr, notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=1,
-                              duration_s=time.monotonic() - start)
+                              stderr=stderr, notes=tuple(session.notes), bytes_sent=result.bytes_sent,
+                              round_trips=trips, duration_s=time.monotonic() - start)
         try:
             snap = probe_mod.parse_answer(result.stdout, probe)
         except probe_mod.ProbeError as exc:
@@ -68,10 +73,10 @@ def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.
             return HostResult(target=target, status="error", snapshot=None,
                               problem=(exc.code, "{}: {} (exit {}; {})".format(
                                   target, exc.message, result.exit_status, last)), stderr=stderr,
-                              notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=1,
+                              notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=trips,
                               duration_s=time.monotonic() - start)
         return HostResult(target=target, status="ok", snapshot=snap, problem=None, stderr=stderr,
-                          notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=1,
+                          notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=trips,
                           duration_s=time.monotonic() - start)
     except ssh.SshError as exc:
         return HostResult(target=target, status=exc.status, snapshot=None, problem=("ssh." + exc.status, exc.message),

@@ -6,6 +6,14 @@ The probe is one Python script sent on the SSH exec channel's stdin to a fixed c
 nothing is installed or written on the host. Options travel as base64 JSON inside the script:
 data, never a command line. The zip is reproducible (sorted entries, fixed timestamps), so its
 sha256 identifies the code that ran; the probe echoes it and a checksum of its snapshot.
+
+On the wire (~70 KB of xz in ~95 KB of base64, from ~190 KB of deflated zip): the zip's entries are
+stored, with comments and docstrings blanked (``slim``: every line stays where it was, so a
+traceback still points at the source), and the whole zip is one xz stream, which compresses across
+files. ``lzma`` is standard library but optional in a Python build: a host without it answers
+``NO_LZMA`` at once, and the caller sends ``Probe.without_lzma()`` (the deflated zip of the
+unchanged sources) on the same connection. The slimmed zip is built once per source tree and kept
+in the user's cache (``$XDG_CACHE_HOME/kvforensics``), best effort.
 """
 
 from __future__ import annotations
@@ -14,10 +22,14 @@ import base64
 import hashlib
 import io
 import json
+import os
+import tempfile
+import tokenize
 import zipfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from collectors.probe import MARKER, VERSION, canonical
 from collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA
@@ -25,9 +37,22 @@ from collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches a remote shell
 _PACKAGE = Path(__file__).resolve().parents[2] / "collectors"
 
+NO_LZMA = "KVFORENSICS-PROBE-NO-LZMA"
+PACKINGS = ("xz", "zip")
+
+_UNPACK = {
+    "xz": """try:
+    import lzma
+except ImportError:
+    sys.stdout.write({no_lzma!r} + chr(10))
+    sys.exit(3)
+_BLOB = lzma.decompress(base64.b64decode({{blob!r}}))""".format(no_lzma=NO_LZMA),
+    "zip": "_BLOB = base64.b64decode({blob!r})",
+}
+
 _WRAPPER = '''\
 import base64, hashlib, importlib.machinery, io, json, sys, zipfile
-_BLOB = base64.b64decode({blob!r})
+{unpack}
 _OPTIONS = json.loads(base64.b64decode({options!r}).decode("utf-8"))
 _SOURCES = {{}}
 with zipfile.ZipFile(io.BytesIO(_BLOB)) as _zf:
@@ -86,35 +111,135 @@ def _pynvml_source() -> Optional[bytes]:
     return Path(pynvml.__file__).read_bytes()
 
 
-def code_zip() -> bytes:
-    """collectors/**/*.py and pynvml.py, deterministic: same code, same bytes, same sha256."""
+def _sources() -> List[Tuple[str, bytes]]:
+    """collectors/**/*.py and pynvml.py, by name in the zip, in order."""
+    out = [("collectors/" + p.relative_to(_PACKAGE).as_posix(), p.read_bytes()) for p in _PACKAGE.rglob("*.py")]
+    nvml = _pynvml_source()
+    if nvml is not None:
+        out.append(("pynvml.py", nvml))
+    return sorted(out)
+
+
+def slim(source: bytes) -> bytes:
+    """The module with comments and docstrings blanked and trailing blanks cut; every line stays where it
+    was (a traceback from the host still names the source's line). The same code, but for ``__doc__``."""
+    text = source.decode("utf-8")
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    cuts = []
+    prev = tokenize.NEWLINE
+    statement_start = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            cuts.append((tok.start, tok.end, ""))
+        elif tok.type == tokenize.STRING and prev in statement_start:  # a string statement: a docstring
+            lines = tok.end[0] - tok.start[0]
+            cuts.append((tok.start, tok.end, '""' if not lines else '"""' + "\n" * lines + '"""'))
+        if tok.type not in (tokenize.COMMENT, tokenize.NL):
+            prev = tok.type
+    pieces, at = [], 0
+    for (sl, sc), (el, ec), repl in cuts:
+        a, b = starts[sl - 1] + sc, starts[el - 1] + ec
+        pieces += [text[at:a], repl]
+        at = b
+    pieces.append(text[at:])
+    return "".join(line.rstrip() + "\n" for line in "".join(pieces).splitlines()).encode("utf-8")
+
+
+def _zip(files: List[Tuple[str, bytes]], method: int) -> bytes:
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        files = sorted(p.relative_to(_PACKAGE).as_posix() for p in _PACKAGE.rglob("*.py"))
-        for rel in files:
-            path = _PACKAGE / rel
-            info = zipfile.ZipInfo("collectors/" + rel, date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, path.read_bytes())
-        nvml = _pynvml_source()
-        if nvml is not None:
-            info = zipfile.ZipInfo("pynvml.py", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, nvml)
+    with zipfile.ZipFile(buf, "w", method) as zf:
+        for name, data in files:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = method
+            zf.writestr(info, data)
     return buf.getvalue()
+
+
+def code_zip() -> bytes:
+    """collectors/**/*.py and pynvml.py, deterministic: same code, same bytes, same sha256 (deflated, as
+    the sources are: the probe for a host without lzma)."""
+    return _zip(_sources(), zipfile.ZIP_DEFLATED)
+
+
+_SLIM_FORMAT = b"kvforensics-probe-slim/1"  # change it when slim() or _zip() changes what they make
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvforensics"
+
+
+def slim_zip() -> bytes:
+    """The zip the xz probe carries: stored entries, ``slim`` sources. Built once per source tree (the key
+    hashes every source byte), then read from the user's cache; a cache that cannot be written is skipped."""
+    files = _sources()
+    key = hashlib.sha256(_SLIM_FORMAT + b"".join(hashlib.sha256(n.encode() + b"\0" + d).digest()
+                                                  for n, d in files)).hexdigest()[:32]
+    return _slim_zip_cached(key, tuple(files))
+
+
+@lru_cache(maxsize=4)
+def _slim_zip_cached(key: str, files: Tuple[Tuple[str, bytes], ...]) -> bytes:
+    path = _cache_dir() / "probe-{}.zip".format(key)
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    made = _zip([(n, slim(d)) for n, d in files], zipfile.ZIP_STORED)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".probe-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(made)
+        os.replace(tmp, str(path))
+    except OSError:
+        pass
+    return made
+
+
+@lru_cache(maxsize=4)
+def _xz(blob: bytes) -> bytes:
+    import lzma
+
+    # preset 9's 64 MiB window is 100 times the zip: a 1 MiB one packs the same, and the host's decoder
+    # allocates that much, not 64 MiB.
+    return lzma.compress(blob, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32,
+                         filters=[{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": 1 << 20}])
 
 
 @dataclass(frozen=True)
 class Probe:
     script: bytes  # what goes on stdin
-    code_sha256: str
+    code_sha256: str  # of the zip that runs (the xz probe's, decompressed)
+    packing: str = "xz"
+    options: str = ""  # base64 JSON, as in the script
+
+    def without_lzma(self) -> "Probe":
+        """The same probe for a host whose python3 has no lzma (it answered NO_LZMA): the deflated zip."""
+        return _assemble(self.options, code_zip(), "zip")
 
 
-def build(options: Dict[str, Any], blob: Optional[bytes] = None) -> Probe:
-    blob = blob if blob is not None else code_zip()
+def _assemble(encoded_options: str, blob: bytes, packing: str) -> Probe:
+    sent = _xz(blob) if packing == "xz" else blob
+    script = _WRAPPER.replace("{unpack}", _UNPACK[packing]).format(blob=base64.b64encode(sent).decode("ascii"),
+                                                                   options=encoded_options)
+    return Probe(script.encode("utf-8"), hashlib.sha256(blob).hexdigest(), packing, encoded_options)
+
+
+def build(options: Dict[str, Any], blob: Optional[bytes] = None, packing: str = "xz") -> Probe:
+    """The probe script; ``blob``: the zip to carry (default: ``slim_zip()`` for xz, ``code_zip()`` for zip)."""
+    if packing not in PACKINGS:
+        raise ValueError("packing is one of {}".format(", ".join(PACKINGS)))
     encoded_options = base64.b64encode(json.dumps(options).encode("utf-8")).decode("ascii")
-    script = _WRAPPER.format(blob=base64.b64encode(blob).decode("ascii"), options=encoded_options)
-    return Probe(script.encode("utf-8"), hashlib.sha256(blob).hexdigest())
+    if blob is None:
+        blob = slim_zip() if packing == "xz" else code_zip()
+    return _assemble(encoded_options, blob, packing)
+
+
+def wants_lzma(stdout: bytes) -> bool:
+    """The host's python3 has no lzma module: send ``Probe.without_lzma()`` instead."""
+    return NO_LZMA.encode("ascii") in stdout
 
 
 class ProbeError(Exception):

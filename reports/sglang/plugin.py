@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Tuple
 
+from collectors.registry import lazy
 from reports.plugin import EngineView
-from reports.sglang import json_report, markdown, terminal
+from reports.sglang import json_report
 
 
 def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
@@ -15,5 +16,7 @@ def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
             yield r.rank, r.target.kv_bytes
 
 
-ENGINE = EngineView(name="sglang", terminal=terminal.render, json_target=json_report.target_dict,
-                    markdown=markdown.markdown, kv_pool_by_rank=kv_pool_by_rank, brief=terminal.brief)
+# The renderers are imported when a format draws them (analyze --json never does).
+ENGINE = EngineView(name="sglang", terminal=lazy("reports.sglang.terminal:render"), json_target=json_report.target_dict,
+                    markdown=lazy("reports.sglang.markdown:markdown"), kv_pool_by_rank=kv_pool_by_rank,
+                    brief=lazy("reports.sglang.terminal:brief"))

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any, Iterable, Tuple
 
 from agent.model.live import ItemKind
+from collectors.registry import lazy
 from reports.plugin import EngineView
-from reports.vllm import json_report, terminal
+from reports.vllm import json_report
 
 
 def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
@@ -17,5 +18,6 @@ def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
             yield g.rank, kv
 
 
-ENGINE = EngineView(name="vllm", terminal=terminal.render, json_target=json_report.target_dict,
-                    kv_pool_by_rank=kv_pool_by_rank, brief=terminal.brief)
+# The renderers are imported when a format draws them (analyze --json never does).
+ENGINE = EngineView(name="vllm", terminal=lazy("reports.vllm.terminal:render"), json_target=json_report.target_dict,
+                    kv_pool_by_rank=kv_pool_by_rank, brief=lazy("reports.vllm.terminal:brief"))

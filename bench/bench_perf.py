@@ -1,0 +1,175 @@
+"""Before/after of "pay only for what a command uses": this tree against a base revision, side by side.
+
+The base is ``git archive KVF_BENCH_BASE_REV`` (default ``main``) unpacked in a temporary folder (or the
+folder KVF_BENCH_BASE names), run by the same interpreter from its own folder (its ``agent``,
+``collectors``, ``reports`` come first on sys.path). Runs alternate base/this, so both see the same
+load; medians of KVF_BENCH_RUNS (default 9; 3 for the fleet). Measured:
+
+* ``analyze LOG --json`` on the small seed log (examples/, 1 startup): wall and CPU time;
+* one ``record`` on the 8-GPU fake node (tests/fakenode.py): CPU time (user + sys) and peak RSS;
+* the probe's bytes on the wire (what one SSH exec sends);
+* the fleet: 32 loopback hosts, 16 at a time (tests/sshd.py), against ``xargs -P 16 ssh HOST python3 -c pass``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import append  # noqa: E402
+
+RUNS = int(os.environ.get("KVF_BENCH_RUNS", "9"))
+FLEET_RUNS = int(os.environ.get("KVF_BENCH_FLEET_RUNS", "3"))
+HOSTS, PARALLEL = int(os.environ.get("KVF_BENCH_HOSTS", "32")), 16
+LOG = ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"
+
+
+def base_tree() -> Tuple[Path, str]:
+    given = os.environ.get("KVF_BENCH_BASE")
+    rev = os.environ.get("KVF_BENCH_BASE_REV", "main")
+    if given:
+        return Path(given), os.environ.get("KVF_BENCH_BASE_REV", given)
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=str(ROOT), capture_output=True, text=True,
+                         check=True).stdout.strip()
+    out = Path(tempfile.mkdtemp(prefix="kvf-bench-base-"))
+    blob = subprocess.run(["git", "archive", "--format=tar", sha], cwd=str(ROOT), capture_output=True,
+                          check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tf:
+        tf.extractall(str(out))
+    return out, "{} ({})".format(rev, sha)
+
+
+def _measure(cmd: Sequence[str], cwd: Path, env: Dict[str, str], ok=(0, 1)) -> Tuple[float, float, int]:
+    """(wall s, CPU s, peak RSS bytes) of one run."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(list(cmd), cwd=str(cwd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    assert code in ok, (cmd, code, proc.stderr.read()[-2000:])
+    proc.stderr.close()
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+
+
+def _side_by_side(trees: List[Path], cmd: Sequence[str], env: Dict[str, str], runs: int) -> List[List[Tuple]]:
+    results: List[List[Tuple]] = [[] for _ in trees]
+    for _ in range(runs):
+        for i, tree in enumerate(trees):
+            results[i].append(_measure(cmd, tree, env))
+    return results
+
+
+def _med(rows: List[Tuple], k: int) -> float:
+    return statistics.median(r[k] for r in rows)
+
+
+def analyze(trees: List[Path]) -> List[Tuple[float, float]]:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="")
+    for tree in trees:  # warm the bytecode caches and the page cache
+        _measure([sys.executable, "-m", "agent", "analyze", str(LOG), "--json"], tree, env)
+    res = _side_by_side(trees, [sys.executable, "-m", "agent", "analyze", str(LOG), "--json"], env, RUNS)
+    return [(_med(r, 0), _med(r, 1)) for r in res]
+
+
+def record(trees: List[Path]) -> List[Tuple[float, float]]:
+    from tests.fakenode import FakeNode, build_fake_nvml
+
+    lib = build_fake_nvml()
+    work = Path(tempfile.mkdtemp(prefix="kvf-bench-perf-"))
+    out = []
+    with FakeNode(work / "node") as node:
+        env = dict(node.env())
+        env.pop("PYTHONPATH", None)
+        res: List[List[Tuple]] = [[] for _ in trees]
+        for _ in range(RUNS + 1):
+            for i, tree in enumerate(trees):
+                cmd = [sys.executable, "-m", "agent", "record", "--db", str(work / "h{}.db".format(i)), "--prom-file",
+                       str(work / "k{}.prom".format(i)), "--nvml-lib", str(lib), "--no-http", "--quiet"]
+                res[i].append(_measure(cmd, tree, env, ok=(0,)))
+        for r in res:
+            r = r[1:]  # the first run creates the history
+            out.append((_med(r, 1), max(x[2] for x in r)))
+    return out
+
+
+def probe_bytes(tree: Path) -> int:
+    code = ("from agent.remote import probe; print(len(probe.build({'nvml_lib': None, 'log': None, 'startup': -1, "
+            "'model_config_path': None, 'http': False}).script))")
+    return int(subprocess.run([sys.executable, "-c", code], cwd=str(tree), capture_output=True, text=True,
+                              check=True).stdout)
+
+
+def fleet(trees: List[Path]) -> Tuple[List[float], float]:
+    from tests.sshd import USER, Sshd, client_config, keygen
+
+    work = Path(tempfile.mkdtemp(prefix="kvf-bench-perf-ssh-"))
+    key = keygen(work / "client")
+    server = Sshd(work / "sshd", [key])
+    try:
+        known = work / "known_hosts"
+        known.write_text(server.known_hosts_line())
+        aliases = ["h{:02d}".format(i) for i in range(HOSTS)]
+        cfg = client_config(work / "ssh_config", {a: {
+            "HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key, "IdentitiesOnly": "yes",
+            "UserKnownHostsFile": known, "BatchMode": "yes", "StrictHostKeyChecking": "yes"} for a in aliases})
+        env = dict(os.environ)
+        env.pop("SSH_AUTH_SOCK", None)
+        kvf: List[List[float]] = [[] for _ in trees]
+        peer: List[float] = []
+        for _ in range(FLEET_RUNS):
+            for i, tree in enumerate(trees):
+                cmd = [sys.executable, "-m", "agent", "inspect", "--ssh-config", str(cfg), "--parallel",
+                       str(PARALLEL), "--no-http", "--json", "--fail-on", "never"] + aliases
+                kvf[i].append(_measure(cmd, tree, env, ok=(0,))[0])
+            start = time.perf_counter()
+            proc = subprocess.run(["xargs", "-P", str(PARALLEL), "-I{}", "ssh", "-F", str(cfg), "{}", "python3", "-c",
+                                   "pass"], input="\n".join(aliases) + "\n", env=env, capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            peer.append(time.perf_counter() - start)
+        return [statistics.median(k) for k in kvf], statistics.median(peer)
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    base, label = base_tree()
+    trees = [base, ROOT]
+    a = analyze(trees)
+    r = record(trees)
+    p = [probe_bytes(t) for t in trees]
+    skip_fleet = os.environ.get("KVF_BENCH_NO_FLEET")
+    f, peer = fleet(trees) if not skip_fleet else ([float("nan")] * 2, float("nan"))
+    rows = [
+        "| measure | before ({}) | after (this tree) | after ÷ before |".format(label), "|---|---|---|---|",
+        "| `analyze SEED_LOG --json` wall (small log) | {:.3f} s | {:.3f} s | {:.2f} |".format(a[0][0], a[1][0],
+                                                                                           a[1][0] / a[0][0]),
+        "| `analyze SEED_LOG --json` CPU (user + sys) | {:.3f} s | {:.3f} s | {:.2f} |".format(a[0][1], a[1][1],
+                                                                                             a[1][1] / a[0][1]),
+        "| `record` on the 8-GPU fake node, CPU per run | {:.3f} s | {:.3f} s | {:.2f} |".format(r[0][0], r[1][0],
+                                                                                              r[1][0] / r[0][0]),
+        "| `record` peak RSS | {:.0f} MB | {:.0f} MB | {:.2f} |".format(r[0][1] / 1e6, r[1][1] / 1e6,
+                                                                    r[1][1] / r[0][1]),
+        "| probe bytes on the wire (one exec) | {:,} | {:,} | {:.2f} |".format(p[0], p[1], p[1] / p[0]),
+        "| fleet, {} loopback hosts, {} at a time | {:.2f} s | {:.2f} s | {:.2f} |".format(
+            HOSTS, PARALLEL, f[0], f[1], f[1] / f[0]),
+        "| fleet ÷ `xargs -P {} ssh HOST python3 -c pass` ({:.2f} s) | {:.2f} | {:.2f} | |".format(
+            PARALLEL, peer, f[0] / peer, f[1] / peer),
+        "", "Medians of {} alternating runs ({} for the fleet), same interpreter, same load; other jobs shared the "
+        "machine, so compare the columns, not the absolute figures with earlier sections.".format(RUNS, FLEET_RUNS)]
+    append("before/after: pay only for what a command uses", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
