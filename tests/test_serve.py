@@ -35,10 +35,15 @@ VOLATILE = ("kvforensics_last_success_timestamp_seconds", "kvforensics_collector
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
+    """The fake node, its server on a port this test holds bound: another copy of the suite running its own
+    fake servers (which record and serve see in /proc too) never shares its engine label."""
     build_fake_nvml()
-    with FakeNode(tmp_path / "node") as n:
-        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
-        yield n
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        with FakeNode(tmp_path / "node", extra_flags=["--port", str(held.getsockname()[1])]) as n:
+            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+            n.port = held.getsockname()[1]
+            yield n
 
 
 class Served:
@@ -112,16 +117,20 @@ def _value(text: str, name: str) -> float:
     return next(v for (n, _), v in _series(text).items() if n == name)
 
 
-def test_a_scrape_is_the_textfile_record_writes_for_the_same_node(serve, tmp_path):
+def test_a_scrape_is_the_textfile_record_writes_for_the_same_node(serve, node, tmp_path):
     prom = tmp_path / "kvforensics.prom"
+    # this node's engine only: another copy's fake servers may come and go in /proc between the two looks
+    only = ["--engine", str(node.port), "--node-series"]
     code, out, err = run_cli(["record", "--db", str(tmp_path / "record.db"), "--prom-file", str(prom),
-                              "--nvml-lib", str(FAKE_LIB), "--no-http", "--quiet"])
+                              "--nvml-lib", str(FAKE_LIB), "--no-http", "--quiet"] + only)
     assert code == 0, err
-    status, scraped = serve(tmp_path / "serve.db").get("/metrics")
+    status, scraped = serve(tmp_path / "serve.db", *only).get("/metrics")
     assert status == 200, scraped
     textfile = prom.read_text()
     assert _families(scraped) == _families(textfile)  # same names, types and help; nothing more (no process_*)
-    ours, theirs = _series(scraped), _series(textfile)
+    # other_engines counts whatever else serves on this machine now (another copy of the suite's nodes)
+    ours, theirs = ({k: v for k, v in _series(text).items() if ("code", "other_engines") not in k[1]}
+                    for text in (scraped, textfile))
     assert sorted(ours) == sorted(theirs)  # the same series, label for label
     assert len(ours) > 60  # 8 GPUs' memory, low-water marks, engine, findings, collectors, host
     for key, value in ours.items():
