@@ -446,27 +446,27 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
           ) -> Tuple[Optional[int], Optional[float], Optional[float], str]:
     """The target's bytes per token, and its uncertainty when taken from the log (the pool has
     #tokens + page_size rows, memory_pool.py). The 0.5.14+ draft scaling is applied by the caller."""
-    if from_config is not None:
+    if from_config is not None and from_config > 0:
         return from_config, None, None, "--model-config: " + config_formula
     for r in ranks:
         t = r.target
         if t.kv_tokens is None or t.kv_bytes is None:
             continue
-        if swa_full_tokens:  # every pool's bytes per full-attention token (SGLang 0.5.11+ hybrid SWA)
-            rows = swa_full_tokens + page_size
-            kv = t.kv_bytes
-            half = HALF * 4  # two pool lines, K and V each
-            return (int(round(kv / rows)), (kv - half) / rows, (kv + half) / rows,
-                    "all KV pools' bytes / (full-attention tokens + page_size) from the log (hybrid SWA)")
-        rows = t.kv_tokens + page_size
-        return (int(round(t.kv_bytes / rows)), (t.kv_bytes - HALF) / rows, (t.kv_bytes + HALF) / rows,
-                "the target's KV size / (#tokens + page_size) from the log")
+        # Hybrid sliding-window pools (SGLang 0.5.11+): every pool's bytes per full-attention token, from
+        # two pool lines (K and V), each printed to ±HALF.
+        rows, half = (swa_full_tokens + page_size, HALF * 4) if swa_full_tokens else (t.kv_tokens + page_size, HALF)
+        kv = t.kv_bytes
+        if kv - half <= 0 or kv < rows:  # the print rounding could make it 0 bytes per token: nothing to divide by
+            continue
+        return (int(round(kv / rows)), (kv - half) / rows, (kv + half) / rows,
+                "all KV pools' bytes / (full-attention tokens + page_size) from the log (hybrid SWA)"
+                if swa_full_tokens else "the target's KV size / (#tokens + page_size) from the log")
     return None, None, None, ""
 
 
 def _differs(logged: int, lo: int, hi: int, cell: int, ranks: Tuple[RankLedger, ...]) -> str:
     gap = (lo - logged) if logged < lo else (logged - hi)
-    size = gap * cell / GIB
+    size = min(gap * cell, GIB << 40) / GIB  # capped at 2^70 B: a forged pool's gap may not fit in a float
     if logged < lo:
         reasons = ["another rank had less free memory than any shown here (the profile takes the "
                    "minimum across ranks; the log prints each rank's own)"]

@@ -1,0 +1,115 @@
+"""Hostile logs: every crash a fuzz campaign found, each pinned.
+
+A hostile log may be refused (exit 2, one line) or analysed (exit 0 or 1); never an internal error
+(exit 4), and ``--json`` is always strict JSON valid against the report schema (run_cli checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from agent.sglang import budget
+from collectors.vllm.log import parse_line as vllm_parse_line
+from collectors.vllm.log import split_record
+from tests.conftest import ROOT, SEED_LOG, run_cli
+
+FORMATS = (["--json"], ["--format", "markdown"], ["--no-color"], ["--format", "oneline"])
+
+
+def _analyze_everywhere(path: Path, formats=FORMATS) -> List[int]:
+    """Exit codes of ``analyze`` in each format; fails on exit 4, a traceback or a second stderr line."""
+    codes = []
+    for fmt in formats:
+        code, out, err = run_cli(["analyze", str(path), *fmt])
+        assert code in (0, 1, 2), (path.name, fmt, code, err)
+        assert "Traceback" not in err and "internal error" not in err, (fmt, err)
+        if code == 2:
+            assert len(err.strip().splitlines()) == 1, err
+        if fmt == ["--json"] and out:
+            json.loads(out, parse_constant=lambda c: pytest.fail("non-strict JSON " + c))
+        codes.append(code)
+    return codes
+
+
+def _json(path: Path) -> dict:
+    code, out, err = run_cli(["analyze", str(path), "--json"])
+    assert code in (0, 1), err
+    return json.loads(out)["targets"][0]
+
+
+def _seed_with(tmp_path: Path, old: str, new: str, count: int = 0) -> Path:
+    text = SEED_LOG.read_text(encoding="utf-8")
+    assert re.search(old, text), old
+    path = tmp_path / "seed.log"
+    path.write_text(re.sub(old, new, text, count=count), encoding="utf-8")
+    return path
+
+
+# --- the crash sites a campaign found (each was exit 4) ----------------------------------------
+
+def test_a_huge_page_size_is_an_unknown_flag_not_a_division_by_zero(tmp_path):
+    # page_size 10^20: bytes per token rounded to 0, then the budget divided by it.
+    path = _seed_with(tmp_path, r"page_size=\d+", "page_size=" + "9" * 20)
+    assert _analyze_everywhere(path) == [1, 1, 1, 1]
+    t = _json(path)
+    assert any(p["code"] == "server_args.invalid" and "page_size" in p["message"] for p in t["problems"])
+    assert t["startup"]["budget"]["verdict"] == "agrees"  # the page size SGLang uses by default: 1
+
+
+def test_a_pool_of_more_tokens_than_bytes_gives_no_bytes_per_token(tmp_path):
+    # #tokens 10^13 in a 10 GiB pool: under a byte per token; the formula would divide by 0.
+    path = _seed_with(tmp_path, r"#tokens: 159277", "#tokens: 10000000000000")
+    _analyze_everywhere(path)
+    assert _json(path)["startup"]["budget"]["bytes_per_token"] is None
+
+
+def test_a_forged_max_running_requests_is_unknown_not_an_overflow(tmp_path):
+    # A 20-digit --max-running-requests once made the speculative headroom, and then the gap the
+    # verdict prints, too large for a float (budget._differs).
+    path = _seed_with(tmp_path, r"max_running_requests=64", "max_running_requests=" + "9" * 20)
+    _analyze_everywhere(path)
+    problems = _json(path)["problems"]
+    assert any("max_running_requests" in p["message"] for p in problems if p["code"] == "server_args.invalid")
+
+
+def test_the_gap_of_a_differing_pool_is_shown_whatever_its_size():
+    text = budget._differs(logged=1, lo=10**300, hi=10**300, cell=10**20, ranks=())
+    assert "fewer than the formula allows" in text
+
+
+@pytest.mark.parametrize("digits", [400, 4400])
+def test_a_memory_figure_of_hundreds_of_digits_is_an_unrecognised_line(tmp_path, digits):
+    path = _seed_with(tmp_path, r"mem usage=1\.06 GB", "mem usage={} GB".format("9" * digits), count=1)
+    _analyze_everywhere(path)
+    assert any(p["code"] == "log.unrecognized" for p in _json(path)["problems"])
+
+
+@pytest.mark.parametrize("digits", [400, 4400])
+def test_a_context_len_of_hundreds_of_digits_is_an_unrecognised_line(tmp_path, digits):
+    path = _seed_with(tmp_path, r"context_len=\d+", "context_len=" + "9" * digits)
+    _analyze_everywhere(path)
+    t = _json(path)
+    assert t["startup"]["context_len"] is None
+    assert any(p["code"] == "log.unrecognized" for p in t["problems"])
+
+
+def test_a_ray_repeat_count_past_the_int_text_limit_is_no_count():
+    # int() of a 4,400-digit text raises (Python's 4,300-digit limit).
+    line = ("(RayWorkerWrapper pid=1, ip=10.0.0.2) INFO 02-11 10:17:54 worker.py:294] Memory profiling takes "
+            "0.44 seconds [repeated {}x across cluster]".format("9" * 4400))
+    assert split_record(line)[3:] == ("Memory profiling takes 0.44 seconds", None)
+    (ev,) = vllm_parse_line(line)
+    assert ev.kind == "profile_begin" and "repeated" not in ev.data
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "-1"])
+def test_non_finite_and_negative_flags_are_unknown(tmp_path, value):
+    path = _seed_with(tmp_path, r"mem_fraction_static=0\.88", "mem_fraction_static=" + value)
+    _analyze_everywhere(path)
+    t = _json(path)
+    assert t["startup"]["budget"]["mem_fraction_static"] != float(value)  # back-solved or unknown, never it
