@@ -31,7 +31,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-from collectors import lineformat, shipping
+from collectors import events, lineformat, shipping
 from collectors.events import EngineStartup as Startup
 from collectors.plugin import ENGINES, EngineCollectors
 
@@ -618,6 +618,7 @@ def _choose(startups: List[Startup], source: str, which: int, complete: bool, wi
         raise LogReadError("usage", "{}: --startup {} does not exist; {} startup(s) found{}".format(
             source, which, n, "" if complete else " in the part read"))
     pos = which - 1 if which > 0 else n + which
+    notes = notes + events.notes(startups[pos])
     return LogExcerpt(
         source=source,
         startup=startups[pos],
