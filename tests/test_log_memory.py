@@ -82,3 +82,54 @@ def test_an_endless_startup_keeps_its_first_events_and_says_how_many_it_dropped(
     x = read_log(str(path))
     assert len(x.startup.events) == MAX_STARTUP_EVENTS and x.startup.dropped > 0
     assert any("were not kept" in n for n in x.notes)
+
+
+# --- one physical line of glued SGLang records ---------------------------------------------------
+
+# The reader's sizes shrunk, so a few MiB exercise what a GiB-sized file meets: reading windows, blocks
+# of one endless line, and lines long enough to be cut at their records.
+_SHRINK = "from collectors import logfile\n" \
+    "logfile.WHOLE_FILE_BYTES, logfile.FIRST_WINDOW_BYTES, logfile.BLOCK_BYTES, logfile.LONG_LINE_BYTES = " \
+    "1 << 20, 256 << 10, 64 << 10, 16 << 10\n"
+
+
+def _read_glued(path: Path, stdin: bool = False):  # type: ignore[no-untyped-def]
+    script = _SHRINK + _READ.replace("read_log(sys.argv[1])", "read_log('-' if sys.argv[1] == '-' else sys.argv[1])")
+    with open(path, "rb") as f:
+        out = subprocess.run([sys.executable, "-c", script, "-" if stdin else str(path)], stdin=f,
+                             capture_output=True, text=True, cwd=str(ROOT), check=True).stdout.split()
+    return int(out[0]), int(out[1]), int(out[2])
+
+
+def _glued(size: int, path: Path) -> Path:
+    """The seed startup with every newline gone: one line of glued records (a progress bar that never
+    printed a newline, or a pipeline that lost them), repeated."""
+    unit = (ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log").read_bytes().replace(b"\n", b"")
+    path.write_bytes(unit * max(1, size // len(unit)))
+    return path
+
+
+@pytest.mark.parametrize("stdin", [False, True], ids=["file", "stdin"])
+def test_memory_is_flat_for_one_line_of_glued_records_of_any_length(tmp_path, stdin):
+    small = _read_glued(_glued(4 * MIB, tmp_path / "small.log"), stdin)
+    large = _read_glued(_glued(16 * MIB, tmp_path / "large.log"), stdin)
+    assert small[0] == large[0] == 148 and small[1] == large[1] == 0  # the last startup, whole
+    assert large[2] - small[2] < 16 * MIB, (small, large)  # it was ~16× the file
+
+
+def test_a_cut_line_gives_the_events_of_its_records(tmp_path):
+    """Cut at its records, a glued line gives the seed's own events: the same kinds, ranks and figures,
+    each at its own byte offset (a saved startup keeps every piece)."""
+    from collectors import logfile
+    from collectors.logfile import read_log
+
+    seed = read_log(str(ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log")).startup
+    path = _glued(1, tmp_path / "one.log")  # one copy: a 15 KB line
+    old = logfile.LONG_LINE_BYTES
+    logfile.LONG_LINE_BYTES = 4 << 10
+    try:
+        glued = read_log(str(path)).startup
+    finally:
+        logfile.LONG_LINE_BYTES = old
+    assert [(e.kind, e.rank, e.data) for e in glued.events] == [(e.kind, e.rank, e.data) for e in seed.events]
+    assert len({e.offset for e in glued.events}) > 100 and all(e.line == 1 for e in glued.events)
