@@ -1,23 +1,29 @@
-"""Hostile logs: every crash a fuzz campaign found, each pinned.
+"""Hostile logs: every crash a fuzz campaign found, each pinned, and a seeded mutation campaign over
+both engines' real logs (tests/fixtures/real_sglang, real_vllm, examples/*.log).
 
-A hostile log may be refused (exit 2, one line) or analysed (exit 0 or 1); never an internal error
+A mutated log may be refused (exit 2, one line) or analysed (exit 0 or 1); never an internal error
 (exit 4), and ``--json`` is always strict JSON valid against the report schema (run_cli checks it).
+The campaign is seeded, so a failure names the case that reproduces it: ``KVF_FUZZ_SEED=S
+KVF_FUZZ_CASES=N`` runs another or a bigger one by hand (the suite runs FUZZ_CASES).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 from pathlib import Path
-from typing import List
+from typing import Callable, List
 
 import pytest
 
 from agent.sglang import budget
 from collectors.vllm.log import parse_line as vllm_parse_line
 from collectors.vllm.log import split_record
-from tests.conftest import ROOT, SEED_LOG, run_cli
+from tests.conftest import FIXTURES, ROOT, SEED_LOG, run_cli
 
+LOGS = sorted(FIXTURES.glob("real_*/*.log")) + sorted((ROOT / "examples").glob("*.log"))
 FORMATS = (["--json"], ["--format", "markdown"], ["--no-color"], ["--format", "oneline"])
 
 
@@ -113,3 +119,123 @@ def test_non_finite_and_negative_flags_are_unknown(tmp_path, value):
     _analyze_everywhere(path)
     t = _json(path)
     assert t["startup"]["budget"]["mem_fraction_static"] != float(value)  # back-solved or unknown, never it
+
+
+# --- the seeded mutation campaign --------------------------------------------------------------
+
+FUZZ_CASES = int(os.environ.get("KVF_FUZZ_CASES", "1200"))
+FUZZ_SEED = int(os.environ.get("KVF_FUZZ_SEED", "20261201"))
+CHUNKS = 12
+HUGE = [b"9" * 400, b"9" * 4400, b"10000000000000", b"99999999999999999999", b"18446744073709551616",
+        b"0", b"0.00", b"-1", b"-0.0", b"1e400", b"1e-400"]
+NOT_FINITE = [b"nan", b"NaN", b"inf", b"-inf", b"Infinity", b"-Infinity"]
+_NUMBER = re.compile(rb"(?<![\d.])\d+(?:\.\d+)?")
+
+
+def _line(lines: List[bytes], rng: random.Random) -> int:
+    return rng.randrange(len(lines))
+
+
+def _flip_bytes(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    data = bytearray(b"\n".join(lines) or b"x")
+    for _ in range(rng.randint(1, 12)):
+        data[rng.randrange(len(data))] = rng.choice([rng.randrange(256), 0, 0xFF, 0x0D, 0x0A, 0x1B, 0x5B])
+    return bytes(data).split(b"\n")
+
+
+def _inflate_digits(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    i = _line(lines, rng)
+    times = rng.choice([2, 10, 100, 500])
+    lines[i] = re.sub(rb"\d+", lambda m: m.group(0) * times, lines[i], count=rng.randint(1, 4))
+    return lines
+
+
+def _duplicate(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    i = _line(lines, rng)
+    lines[i:i] = [lines[i]] * rng.randint(1, 40)
+    return lines
+
+
+def _truncate(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    i = _line(lines, rng)
+    lines[i] = lines[i][:rng.randrange(len(lines[i]) + 1)]
+    if rng.random() < 0.3:  # the file itself cut short
+        del lines[i + 1:]
+    return lines
+
+
+def _shuffle(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    if rng.random() < 0.2:
+        rng.shuffle(lines)
+        return lines
+    i = _line(lines, rng)
+    window = lines[i:i + rng.randint(2, 20)]
+    rng.shuffle(window)
+    lines[i:i + len(window)] = window
+    return lines
+
+
+def _number(pool: List[bytes]) -> Callable[[List[bytes], random.Random], List[bytes]]:
+    def inject(lines: List[bytes], rng: random.Random) -> List[bytes]:
+        candidates = [i for i, line in enumerate(lines) if _NUMBER.search(line)]
+        if candidates:
+            i = rng.choice(candidates)
+            found = list(_NUMBER.finditer(lines[i]))
+            m = rng.choice(found)
+            lines[i] = lines[i][:m.start()] + rng.choice(pool) + lines[i][m.end():]
+        return lines
+    return inject
+
+
+def _delete(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    i = _line(lines, rng)
+    del lines[i:i + rng.randint(1, 10)]
+    return lines or [b""]
+
+
+def _splice(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    """Lines of another real log (often the other engine's) in the middle of this one."""
+    other = rng.choice(LOGS).read_bytes().split(b"\n")
+    i = _line(lines, rng)
+    j = rng.randrange(len(other))
+    lines[i:i] = other[j:j + rng.randint(1, 30)]
+    return lines
+
+
+def _glue(lines: List[bytes], rng: random.Random) -> List[bytes]:
+    """Lines glued together (a newline lost, as after a progress bar)."""
+    i = _line(lines, rng)
+    lines[i:i + 2] = [b"".join(lines[i:i + rng.randint(2, 30)])]
+    return lines
+
+
+MUTATORS = (_flip_bytes, _inflate_digits, _duplicate, _truncate, _shuffle, _number(HUGE), _number(HUGE),
+            _number(NOT_FINITE), _delete, _splice, _glue)
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    lines = data.split(b"\n")
+    for _ in range(rng.randint(1, 4)):
+        lines = rng.choice(MUTATORS)(lines, rng) or [b""]
+    return b"\n".join(lines)
+
+
+def _chunk(k: int) -> range:
+    per = -(-FUZZ_CASES // CHUNKS)
+    return range(k * per, min(FUZZ_CASES, (k + 1) * per))
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_mutated_real_logs_never_crash_and_json_stays_valid(tmp_path, chunk):
+    """Each case runs --json (strict, schema-valid) and one of the other formats in turn, so every
+    format sees a quarter of the cases' text paths and JSON sees all of them."""
+    path = tmp_path / "mutated.log"
+    for case in _chunk(chunk):
+        rng = random.Random(FUZZ_SEED * 1_000_003 + case)
+        source = rng.choice(LOGS)
+        path.write_bytes(mutate(source.read_bytes(), rng))
+        try:
+            _analyze_everywhere(path, (FORMATS[0], FORMATS[1 + case % 3]))
+        except BaseException as exc:  # name the case that reproduces it
+            raise AssertionError("case {} (KVF_FUZZ_SEED={}), from {}: {}".format(
+                case, FUZZ_SEED, source.name, str(exc)[:2000])) from exc
