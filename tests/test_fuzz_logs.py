@@ -121,6 +121,43 @@ def test_non_finite_and_negative_flags_are_unknown(tmp_path, value):
     assert t["startup"]["budget"]["mem_fraction_static"] != float(value)  # back-solved or unknown, never it
 
 
+def _numbers(x):  # type: ignore[no-untyped-def]
+    if isinstance(x, bool):
+        return
+    if isinstance(x, (int, float)):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _numbers(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _numbers(v)
+
+
+@pytest.mark.parametrize("huge", ["9" * 400, "1" + "0" * 30])
+def test_every_figure_a_line_format_extracts_is_bounded(huge):
+    """Every figure either engine's rows take from any real line with one of its numbers made huge is
+    finite and at most 2^60 (a PiB in bytes, 10^13 tokens), or the line is not recognised at all."""
+    from collectors.sglang.log import parse_line as sglang_parse_line
+
+    parsers = (sglang_parse_line, vllm_parse_line)
+    lines = {line for log in LOGS for line in log.read_text(encoding="utf-8", errors="replace").splitlines()
+             if any(parse(line) for parse in parsers)}  # the lines a row recognises, once each
+    checked = 0
+    for line in sorted(lines):
+        for m in _NUMBER.finditer(line.encode("utf-8")):
+            raw = line.encode("utf-8")
+            hostile = (raw[:m.start()] + huge.encode() + raw[m.end():]).decode("utf-8")
+            for parse in parsers:
+                for ev in parse(hostile):
+                    if ev.kind in ("server_args", "args"):
+                        continue  # flags are kept as printed, and typed where the model reads them (flags.py)
+                    bad = [x for x in _numbers(ev.data) if not (x == x and abs(x) <= 1 << 60)]
+                    assert not bad, (ev.fmt, hostile[:200], bad[:3])
+                    checked += 1
+    assert checked > 1000
+
+
 # --- the seeded mutation campaign --------------------------------------------------------------
 
 FUZZ_CASES = int(os.environ.get("KVF_FUZZ_CASES", "1200"))
