@@ -83,6 +83,19 @@ def test_a_forged_max_running_requests_is_unknown_not_an_overflow(tmp_path):
     assert any("max_running_requests" in p["message"] for p in problems if p["code"] == "server_args.invalid")
 
 
+def test_a_vllm_pool_of_more_tokens_than_bytes_has_no_bytes_per_token(tmp_path):
+    from agent.model.analyze import analyze_startup
+    from agent.model.records import Options
+    from collectors.logfile import read_log
+
+    path = tmp_path / "v1.log"
+    text = (ROOT / "examples" / "vllm-v1-to-capture.log").read_text(encoding="utf-8")
+    path.write_text(text.replace("1,587,648 tokens", "9,999,999,999,999 tokens"), encoding="utf-8")
+    _analyze_everywhere(path)
+    a = analyze_startup(read_log(str(path)).startup, "file:x", Options())
+    assert a.budget.cell_bytes is None  # 33 GiB over 10^13 tokens is under a byte: unknown, never 0
+
+
 def test_the_gap_of_a_differing_pool_is_shown_whatever_its_size():
     text = budget._differs(logged=1, lo=10**300, hi=10**300, cell=10**20, ranks=())
     assert "fewer than the formula allows" in text

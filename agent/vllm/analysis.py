@@ -730,7 +730,8 @@ def _cell_bytes(workers: Tuple[Worker, ...], tokens: Optional[int], era: Era) ->
     kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
     if not tokens or not kv or min(kv) <= 0 or (era.since and era.since >= (0, 21, 0)):
         return None
-    return int(min(kv) / tokens)
+    cell = int(min(kv) / tokens)
+    return cell if cell >= 1 else None  # more tokens than bytes (a forged figure): unknown, never 0
 
 
 def _problems(reader_notes: Tuple[str, ...], complete: bool, died: Optional[Failure], stages: List[str],
