@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_inspect.py
 	$(BIN)/python bench/bench_fleet.py
 	$(BIN)/python bench/bench_record.py
+	$(BIN)/python bench/bench_hostile.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache bench/out
