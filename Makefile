@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_inspect.py
 	$(BIN)/python bench/bench_fleet.py
 	$(BIN)/python bench/bench_record.py
+	$(BIN)/python bench/bench_hostile.py
 	$(BIN)/python bench/bench_perf.py
 
 # The source distribution (tests, deployment files and all) and the container image built from it

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from collectors.shipping import unwrap
 
-__all__ = ["EngineStartup", "LogEvent", "segment"]
+__all__ = ["EngineStartup", "EventCap", "LogEvent", "MAX_STARTUP_BYTES", "MAX_STARTUP_EVENTS", "notes", "segment"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class EngineStartup:
     events: Tuple[LogEvent, ...]
     closed: bool  # finished or failed, as the engine's segmenter decides
     engine: str  # its plug-in's name; each engine's subclass sets it
+    dropped: int = 0  # events past the startup's cap (EventCap), counted but not kept
 
     @property
     def first_line(self) -> Optional[int]:
@@ -51,6 +52,46 @@ class EngineStartup:
     @property
     def first_offset(self) -> int:
         return self.events[0].offset if self.events else 0
+
+
+# What one startup may keep. A real one holds a few hundred events (the largest shipped log: 148, 15 KB);
+# a forged or looping log of millions of startup lines with no boundary between them would otherwise
+# keep every event, so memory and time grew with the file.
+MAX_STARTUP_EVENTS = 20_000
+MAX_STARTUP_BYTES = 16 << 20  # the lines and messages kept (a line may be megabytes long)
+
+
+class EventCap:
+    """Counts the current startup's events against MAX_STARTUP_EVENTS and MAX_STARTUP_BYTES. A segmenter
+    keeps (and lets change its state) only the events ``admit`` accepts, so what it holds per startup
+    is bounded whatever the input; it counts the rest per startup (``Startup.dropped``), for a note
+    (``notes``). One per segmenter, reset at each startup: a million startups cost no million caps."""
+
+    __slots__ = ("count", "bytes")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0
+        self.bytes = 0
+
+    def admit(self, ev: LogEvent) -> bool:
+        size = len(ev.raw) + len(ev.text)
+        if self.count >= MAX_STARTUP_EVENTS or self.bytes + size > MAX_STARTUP_BYTES:
+            return False
+        self.count += 1
+        self.bytes += size
+        return True
+
+
+def notes(startup: EngineStartup) -> Tuple[str, ...]:
+    """What the reader must say about a startup it could not keep whole."""
+    if not startup.dropped:
+        return ()
+    return ("{:,} line(s) of this startup past its first {:,} (or {} MiB) were not kept: a startup that long is "
+            "not one engine launch (a looping or edited log); the analysis uses the lines kept".format(
+                startup.dropped, MAX_STARTUP_EVENTS, MAX_STARTUP_BYTES >> 20),)
 
 
 S = TypeVar("S")

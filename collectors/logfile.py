@@ -31,7 +31,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-from collectors import lineformat, shipping
+from collectors import events, lineformat, shipping
 from collectors.events import EngineStartup as Startup
 from collectors.plugin import ENGINES, EngineCollectors
 
@@ -307,6 +307,8 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
     prev = 0  # where the newline count stands
     fed_end = 0  # the end of the last line fed
 
+    splitter = _splitter(sinks)
+
     def feed(start: int) -> None:
         nonlocal line, prev, fed_end
         end = buf.find(b"\n", start)
@@ -316,10 +318,13 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
             line += buf.count(b"\n", prev, start)
             prev = start
         fed_end = end
-        raw = buf[start:end].decode("utf-8", "replace")
         number, at = (None if line is None else line + 1, base_offset + start) if where is None else where(start)
-        for sink in sinks:
-            sink.feed(raw, number, at)
+        cuts = _cuts(buf, start, end, splitter)
+        for a, b in zip(cuts, cuts[1:] + [end]):
+            # Each piece of a cut line is its own row, at its own offset (so a saved startup keeps each).
+            raw = buf[a:b].decode("utf-8", "replace")
+            for sink in sinks:
+                sink.feed(raw, number, at + (a - start))
 
     def feed_idle_before(limit: int) -> None:
         """Feed the first idle line between the last fed line and ``limit`` if a startup awaits it."""
@@ -335,12 +340,40 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
     return buf.count(b"\n") if base_line is not None else 0
 
 
+# A line longer than this is cut where its engine's records begin (records glued into one physical
+# line, e.g. to a progress bar that never printed a newline), and each piece is parsed alone: the
+# parser's work and the text each event keeps stay bounded by a record, not by the line.
+LONG_LINE_BYTES = 1 << 20
+
+
+def _splitter(sinks: List[_Sink]) -> Optional[Callable[[bytes, int, int], Iterator[int]]]:
+    return next((s.plugin.record_starts for s in sinks if s.plugin.record_starts is not None), None)
+
+
+def _cuts(buf: bytes, start: int, end: int, splitter: Optional[Callable[[bytes, int, int], Iterator[int]]]
+          ) -> List[int]:
+    """Where the line ``buf[start:end]`` is cut into pieces: its start, and for a long line each record start."""
+    if splitter is None or end - start <= LONG_LINE_BYTES:
+        return [start]
+    return [start] + [at for at in splitter(buf, start, end) if at > start]
+
+
+def _last_record(buf: bytes, splitter: Optional[Callable[[bytes, int, int], Iterator[int]]], since: int = 1) -> int:
+    """Where the last record that begins in ``buf[since:]`` (not at 0) begins; 0 when none does. A block
+    of one endless line is cut there, so no record is split between two blocks."""
+    if splitter is None:
+        return 0
+    return max(splitter(buf, max(1, since), len(buf)), default=0)
+
+
 class _LineBlocks:
     """A stream in blocks of whole lines (the last may lack its newline); after iterating, ``size``,
     ``saw_nul`` and ``notes`` (a stream cut short) say what was read."""
 
-    def __init__(self, stream: BinaryIO) -> None:
+    def __init__(self, stream: BinaryIO, splitter: Optional[Callable[[bytes, int, int], Iterator[int]]] = None
+                 ) -> None:
         self.stream = stream
+        self.splitter = splitter  # an engine's record_starts: where an endless line may be cut
         self.size = 0
         self.saw_nul = False
         self.notes: Tuple[str, ...] = ()
@@ -357,11 +390,13 @@ class _LineBlocks:
                 break
             data = carry + chunk
             cut = data.rfind(b"\n") + 1
+            if cut == 0 and len(data) > BLOCK_BYTES:  # one endless line: cut at its last record start (only
+                cut = _last_record(data, self.splitter, len(carry) - 64)  # the new chunk is searched)
             if cut == 0:
                 carry = data
                 if len(carry) <= BLOCK_BYTES * 4:
                     continue
-                cut = len(carry)  # one endless line: parse what we have
+                cut = len(carry)  # no record start either: parse what we have
             block, carry = data[:cut], data[cut:]
             yield self._seen(block)
         if carry:
@@ -375,7 +410,7 @@ class _LineBlocks:
 
 def _from_stream(stream: BinaryIO, source: str, which: int, engine: str = "auto") -> LogExcerpt:
     sinks = _sinks(engine, which)  # memory stays flat however many startups stream past
-    reader = _LineBlocks(stream)
+    reader = _LineBlocks(stream, _splitter(sinks))
     blocks = iter(reader)
     first = next(blocks, b"")
     everything = itertools.chain((first,), blocks)
@@ -549,6 +584,8 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
             cut = block.rfind(b"\n")
             if cut != -1:
                 block = block[:cut + 1]
+            else:  # one endless line: cut at its last record start, so no record is split between blocks
+                block = block[:_last_record(block, sink.plugin.record_starts) or len(block)]
         counted = _scan_block(block, pos, line, [sink])
         if line is not None:
             line += counted
@@ -563,6 +600,15 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
                              "{}".format(MAX_AFTER_ANCHOR_BYTES >> 20, ENGINES.get(engine).end_words))
                 break
     return seg, notes
+
+
+def _window_start(src: _Blocks, anchor: int, back: int) -> int:
+    """Where a window of ``back`` bytes before the anchor begins: the start of the line there, unless
+    that line began more than a window earlier (one endless line of glued records), then inside it,
+    or the window would be the whole file. A startup the edge cuts is dropped as any other
+    (begins_cleanly)."""
+    start = src.line_start(anchor - back)
+    return anchor - back if anchor - back - start > back else start
 
 
 def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool, engine: str) -> LogExcerpt:
@@ -582,12 +628,9 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
             plugin.anchor_words, (size - anchor) >> 20))
     back = FIRST_WINDOW_BYTES
     while True:
-        start = src.line_start(anchor - back)
-        base_line: Optional[int] = None
-        if start == 0:
-            base_line = 0
-        elif count_lines or start <= LINE_COUNT_LIMIT_BYTES:
-            base_line = src.count_newlines(start)
+        start = _window_start(src, anchor, back)
+        base_line = 0 if start == 0 else (
+            src.count_newlines(start) if count_lines or start <= LINE_COUNT_LIMIT_BYTES else None)
         seg, window_notes = _scan_window(src, start, anchor, base_line, keep=None, engine=engine)
         startups = seg.result()
         first_whole = bool(startups) and plugin.begins_cleanly(startups[0], start, back)
@@ -618,6 +661,7 @@ def _choose(startups: List[Startup], source: str, which: int, complete: bool, wi
         raise LogReadError("usage", "{}: --startup {} does not exist; {} startup(s) found{}".format(
             source, which, n, "" if complete else " in the part read"))
     pos = which - 1 if which > 0 else n + which
+    notes = notes + events.notes(startups[pos])
     return LogExcerpt(
         source=source,
         startup=startups[pos],

@@ -8,7 +8,7 @@ read engines only through this registry, never by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from collectors.events import EngineStartup, LogEvent
 from collectors.registry import Registry, UnknownEngine
@@ -45,6 +45,9 @@ class EngineCollectors:
     # --- its HTTP ---
     read_http: Callable[[str, Dict[str, Any]], bool]  # fill engine_http's section from the base URL
     legacy_default: bool = False  # the engine of bundles written before snapshots named one
+    # Where its records begin in raw bytes (buf, start, end → offsets), for an engine that glues records
+    # into one physical line: the reader cuts a line longer than it should parse whole there.
+    record_starts: Optional[Callable[[bytes, int, int], Iterator[int]]] = None
 
 
 ENGINES: "Registry[EngineCollectors]" = Registry("collectors")

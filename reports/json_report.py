@@ -73,7 +73,8 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
     d["target"] = insp.target
     d["status"] = insp.status
     d["problems"] = [{"code": p.code, "message": p.message} for p in insp.problems] + (
-        [p for p in d.get("problems", []) if p["code"].startswith("log.")] if insp.analysis else [])
+        # the analysis's own: what its log lacks, and flags it could not type (the node's are said above)
+        [p for p in d.get("problems", []) if p["code"].startswith(("log.", "server_args."))] if insp.analysis else [])
     d["host"] = insp.snapshot.hostname
     d["pod"] = pod_dict(insp)
     d["gpus"] = [gpu_dict(g) for g in insp.gpus]

@@ -10,6 +10,7 @@ snapshot is one ``EvidenceError`` sentence naming the first offending field.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -45,8 +46,56 @@ def _no_constant(name: str) -> Any:
     raise ValueError("{} is not a JSON number".format(name))
 
 
+# Parsed JSON can take far more memory than its text: "{}," is 3 characters and a 64-byte dict, so a 50 MiB
+# bundle of empty GPU entries took 1.4 GiB before the schema could refuse it. A document's shape is
+# therefore costed before it is parsed (what CPython allocates per value, rounded up), and one that would
+# take more than SHAPE_RATIO × its size as objects is refused: the text plus its objects then stay within
+# ~4× the text. Small documents are parsed as they are (their worst case is a few tens of MB).
+SHAPE_RATIO = 3
+SHAPE_FREE_CHARS = 1 << 20
+_OBJECT, _ARRAY, _ITEM, _MEMBER, _STRING_VALUE = 184, 72, 40, 32, 57  # bytes: dict, list, value + slot, dict entry, str
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # one JSON string, linear (each character read once)
+
+
+def _structure_bytes(text: str, start: int, end: int) -> int:
+    """What the containers, members and scalar values in ``text[start:end]`` (outside strings) cost."""
+    return (_OBJECT * text.count("{", start, end) + _ARRAY * text.count("[", start, end)
+            + _ITEM * text.count(",", start, end) + _MEMBER * text.count(":", start, end))
+
+
+def _object_bytes(text: str, budget: int) -> Optional[int]:
+    """The memory ``json.loads(text)`` would take, roughly, or None once it passes ``budget``. Strings
+    are skipped whole (what they hold is text, not structure); a key costs nothing more, as json keeps
+    one object per distinct key. An unterminated string stops the count: json.loads refuses it."""
+    if _structure_bytes(text, 0, len(text)) + _STRING_VALUE * (text.count('"') // 2) + len(text) <= budget:
+        return 0  # within budget even if every bracket and comma inside strings were structure
+    total, pos = 0, 0
+    while pos < len(text) and total <= budget:
+        quote = text.find('"', pos)
+        end = len(text) if quote < 0 else quote
+        total += _structure_bytes(text, pos, end)
+        string = _STRING.match(text, quote) if quote >= 0 else None
+        if string is None:
+            break
+        pos = string.end()
+        if not text.startswith(":", pos):
+            total += _STRING_VALUE + pos - quote
+    return total if total <= budget else None
+
+
+def check_shape(text: str) -> None:
+    """EvidenceError when ``text`` would take more than SHAPE_RATIO × its size once parsed."""
+    if len(text) <= SHAPE_FREE_CHARS:
+        return
+    if _object_bytes(text, SHAPE_RATIO * len(text)) is None:
+        raise EvidenceError("{:,} bytes of JSON made of so many tiny values that they would take more than {}× "
+                            "that as objects".format(len(text), SHAPE_RATIO))
+
+
 def loads(text: str) -> Any:
-    """Strict JSON: no NaN/Infinity, bounded nesting and number sizes; EvidenceError otherwise."""
+    """Strict JSON: no NaN/Infinity, bounded nesting, number sizes and shape (check_shape); EvidenceError
+    otherwise."""
+    check_shape(text)
     try:
         return json.loads(text, parse_constant=_no_constant)
     except RecursionError:

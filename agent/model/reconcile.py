@@ -20,6 +20,7 @@ from agent.model.live import GpuLedger, GpuProcess, Inspection, ItemKind, Ledger
 from agent.model.records import Options, Problem
 from agent.model.verdict import verdict
 from agent.plugin import ENGINES
+from collectors import events
 from collectors.plugin import ENGINES as COLLECTORS
 from collectors.plugin import for_bundle
 
@@ -29,17 +30,22 @@ def _short(cmd: tuple) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _analysis(snap: Snapshot, target: str, opts: Options) -> Optional[Any]:
+def _analysis(snap: Snapshot, target: str, opts: Options) -> Tuple[Optional[Any], List[Problem]]:
+    """The analysis of the snapshot's startup lines, or None with the problem that says why."""
     log = snap.engine_log
     # Per engine: how its log lines split into startups (its collectors' plug-in).
     plugin = COLLECTORS.find(log.engine) or for_bundle(snap.selected.kind if snap.selected else None)
-    startups = plugin.segment_lines(log.lines) if log.lines else []
+    # Only the last startup is analysed: the segmenter keeps no other (a bundle may hold a million lines).
+    startups = events.segment(log.lines, plugin.parse_line, plugin.segmenter(keep=-1)) if log.lines else []
     if not startups:
-        return None
+        # Lines that hold no startup of the engine they are read as (a forged or mixed-up bundle): say so,
+        # or the report's null startup would have no reason.
+        return None, [Problem("engine_log.no_startup", "the {:,} saved log line(s) hold no {} startup: the log is not "
+                              "used".format(len(log.lines), plugin.display))] if log.lines else []
     opts = replace(opts, model_config=dict(snap.model_config) if snap.model_config else opts.model_config,
                    model_config_path=snap.model_config_path or opts.model_config_path)
-    return analyze_startup(startups[-1], target, opts, log.index, log.count, log.notes,
-                           fallback_args=dict(snap.selected.server_args) if snap.selected else None)
+    return analyze_startup(startups[-1], target, opts, log.index, log.count, log.notes + events.notes(startups[-1]),
+                           fallback_args=dict(snap.selected.server_args) if snap.selected else None), []
 
 
 def _owner(pid: int, info: Optional[Process], engine_pids: set, other_pids: set) -> Owner:
@@ -120,12 +126,12 @@ def reconcile(snap: Snapshot, target: str, opts: Options, history: Optional[Any]
     engine: Optional[Engine] = snap.selected
     other_pids = {pid for e in snap.others for pid in e.pids}
     engine_pids = set(engine.pids) if engine else set()
-    analysis = _analysis(snap, target, opts)
-    extra: List[Problem] = []
-    if engine is not None and analysis is not None and analysis.engine != engine.kind:
+    analysis, extra = _analysis(snap, target, opts)
+    read_as = getattr(analysis, "engine", None)  # an engine's analysis names its engine; a missing name is no match
+    if engine is not None and analysis is not None and read_as != engine.kind:
         # a forged or mixed-up bundle: the log is another engine's than the server found
         extra.append(Problem("engine_log.other_engine", "the startup log is {}'s but the server is {}'s: the "
-                             "log is not used".format(analysis.engine, engine.kind)))
+                             "log is not used".format(read_as or "an unnamed engine", engine.kind)))
         analysis = None
     gpu_of: Dict[int, int] = {}
     for g in snap.nvml.gpus:

@@ -37,28 +37,26 @@ def save(snapshot: Dict[str, Any], path: str) -> None:
         raise
 
 
-MAX_BUNDLE_BYTES = 256 << 20  # a real bundle is well under 1 MB; a bigger file is not one
+# A real bundle is well under 1 MB; the cap is an SSH host's answer's (a probe's own output is one too).
+# Whatever is under it is costed before it is parsed (evidence.check_shape), so no bundle takes more
+# than ~4× its size while it is read.
+MAX_BUNDLE_BYTES = 64 << 20
 
 
 def load(path: str) -> Dict[str, Any]:
     """The bundle's snapshot, validated against the published snapshot schema."""
     from agent.model import evidence
 
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BUNDLE_BYTES + 1)
-    except FileNotFoundError:
-        raise BundleError("{}: no such file".format(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BundleError("{}: cannot read: {}".format(path, exc)) from None
-    if len(raw) > MAX_BUNDLE_BYTES:
-        raise BundleError("{}: larger than {} MiB: not a kvforensics bundle".format(path, MAX_BUNDLE_BYTES >> 20))
-    if any(line.startswith(MARKER.encode()) for line in raw.splitlines()):  # noise around it may be any bytes
+    raw = _read(path)
+    if _has_marker_line(raw):  # noise around it may be any bytes
         return _probe_answer(path, raw)
     try:
-        data = evidence.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BundleError("{}: not UTF-8 text: not a kvforensics bundle".format(path)) from None
+    del raw  # the text alone is kept while it is parsed
+    try:
+        data = evidence.loads(text)
     except evidence.EvidenceError as exc:
         raise BundleError("{}: {}: not a kvforensics bundle".format(path, exc)) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -68,6 +66,26 @@ def load(path: str) -> Dict[str, Any]:
     except evidence.EvidenceError as exc:
         raise BundleError("{}: not a valid kvforensics bundle: {}".format(path, exc)) from None
     return data
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BUNDLE_BYTES + 1)
+    except FileNotFoundError:
+        raise BundleError("{}: no such file".format(path)) from None
+    except OSError as exc:
+        raise BundleError("{}: cannot read: {}".format(path, exc)) from None
+    if len(raw) > MAX_BUNDLE_BYTES:
+        raise BundleError("{}: larger than {} MiB: not a kvforensics bundle".format(path, MAX_BUNDLE_BYTES >> 20))
+    return raw
+
+
+def _has_marker_line(raw: bytes) -> bool:
+    """A line that begins with the probe's marker (found in place: a list of every line of a file of
+    newlines would take many times its size)."""
+    marker = MARKER.encode()
+    return raw.startswith(marker) or b"\n" + marker in raw or b"\r" + marker in raw
 
 
 def _probe_answer(path: str, raw: bytes) -> Dict[str, Any]:

@@ -249,12 +249,23 @@ class ProbeError(Exception):
         self.message = message
 
 
+def _last_marked_line(text: str) -> Optional[str]:
+    """What follows the marker on the last line that begins with it; found in place, not by splitting
+    every line (64 MiB of newlines would be a list of 64 million lines)."""
+    end = len(text)
+    while True:
+        at = text.rfind(MARKER, 0, end)
+        if at == -1:
+            return None
+        if at == 0 or text[at - 1] in "\n\r":
+            stop = min((i for i in (text.find("\n", at), text.find("\r", at)) if i != -1), default=len(text))
+            return text[at + len(MARKER):stop]
+        end = at
+
+
 def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
     """The snapshot from the probe's output; login-shell noise around the line is ignored."""
-    line: Optional[str] = None
-    for raw in stdout.decode("utf-8", "replace").splitlines():
-        if raw.startswith(MARKER):
-            line = raw[len(MARKER):]
+    line = _last_marked_line(stdout.decode("utf-8", "replace"))
     if line is None:
         raise ProbeError("probe.no_answer", "the probe printed no answer")
     from agent.model import evidence

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from agent.model import flags
 from agent.model.citing import where
 from agent.model.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
 from agent.sglang import budget as budget_mod
@@ -202,7 +203,7 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     attributed = attribute(startup)
     era = era_mod.detect(startup)
     args_ev = attributed.server_args
-    args = _server_args(args_ev, fallback_args)
+    args = _server_args(args_ev, fallback_args, problems)
     summary = _summary(attributed)
     page = args.get("page_size") if isinstance(args.get("page_size"), int) and args["page_size"] > 0 else 1
     kv_dtype = next((e.data["dtype"] for e in attributed.other if e.kind == "kv_dtype"), None)
@@ -224,11 +225,30 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
                     req_to_token=rtt, attributed=attributed, options=opts, progress=prog, failure=died)
 
 
-def _server_args(args_ev: Optional[LogEvent], fallback_args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """The log's server_args over the live command line's flags."""
-    args: Dict[str, Any] = dict(fallback_args or {})
+# The flags the model and the reports read, typed first (agent/model/flags.py): a forged or corrupted
+# value (a string page_size, a 400-digit max_running_requests) is unknown with a problem, not a crash.
+FLAGS = {
+    "page_size": flags.count(1, 1 << 20), "tp_size": flags.count(1, 1 << 16), "dp_size": flags.count(1, 1 << 16),
+    "pp_size": flags.count(1, 1 << 16), "max_running_requests": flags.count(), "max_total_tokens": flags.count(),
+    "speculative_num_steps": flags.count(0, 1 << 16), "speculative_eagle_topk": flags.count(0, 1 << 16),
+    "speculative_num_draft_tokens": flags.count(0, 1 << 16), "cuda_graph_max_bs": flags.count(0, 1 << 20),
+    "context_length": flags.count(1), "chunked_prefill_size": flags.count(-1),
+    "mem_fraction_static": flags.number(0, 1), "kv_cache_dtype": flags.TEXT, "model_path": flags.TEXT,
+    "model": flags.TEXT, "speculative_algorithm": flags.TEXT, "nsa_decode_backend": flags.TEXT,
+    "nsa_prefill_backend": flags.TEXT, "enable_dp_attention": flags.SWITCH,
+    "enable_hierarchical_cache": flags.SWITCH, "enable_hicache": flags.SWITCH,
+}
+
+
+def _server_args(args_ev: Optional[LogEvent], fallback_args: Optional[Dict[str, Any]],
+                 problems: List[Problem]) -> Dict[str, Any]:
+    """The log's server_args over the live command line's flags, each typed (FLAGS)."""
+    args, dropped = flags.typed(fallback_args or {}, FLAGS, "the server's command line")
+    problems.extend(dropped)
     if args_ev:
-        args.update(args_ev.data["args"])
+        logged, dropped = flags.typed(args_ev.data["args"], FLAGS, "server_args ({})".format(where(args_ev)))
+        args.update(logged)
+        problems.extend(dropped)
     return args
 
 

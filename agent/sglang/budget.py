@@ -500,9 +500,10 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
           ) -> Tuple[Optional[int], Optional[float], Optional[float], str]:
     """The target's bytes per token, and its uncertainty when taken from the log (the pool has
     #tokens + page_size rows, memory_pool.py). The 0.5.14+ draft scaling is applied by the caller."""
-    if from_config is not None:
+    if from_config is not None and from_config > 0:
         return from_config, None, None, config_formula
-    if pre_capture is not None and not swa_full_tokens:
+    if pre_capture is not None and not swa_full_tokens and pre_capture[1] - HALF > 0 \
+            and pre_capture[1] >= pre_capture[0] + page_size:
         tokens, kv = pre_capture
         rows = tokens + page_size
         return (int(round(kv / rows)), (kv - HALF) / rows, (kv + HALF) / rows,
@@ -513,16 +514,18 @@ def _cell(ranks: Tuple[RankLedger, ...], page_size: int, draft_in_budget: bool,
         if t.kv_bytes is None or (t.kv_tokens is None and not summary_tokens):
             continue
         if t.kv_tokens is None:
+            if t.kv_bytes - HALF <= 0 or t.kv_bytes < (summary_tokens or 0) + page_size:
+                continue  # the print rounding could make it 0 bytes per token: nothing to divide by
             return _cell_from_summary(t.kv_bytes, summary_tokens or 0, page_size)
-        if swa_full_tokens:  # every pool's bytes per full-attention token (SGLang 0.5.11+ hybrid SWA)
-            rows = swa_full_tokens + page_size
-            kv = t.kv_bytes
-            half = HALF * 4  # two pool lines, K and V each
-            return (int(round(kv / rows)), (kv - half) / rows, (kv + half) / rows,
-                    "all KV pools' bytes / (full-attention tokens + page_size) from the log (hybrid SWA)")
-        rows = t.kv_tokens + page_size
-        return (int(round(t.kv_bytes / rows)), (t.kv_bytes - HALF) / rows, (t.kv_bytes + HALF) / rows,
-                "the target's KV size / (#tokens + page_size) from the log")
+        # Hybrid sliding-window pools (SGLang 0.5.11+): every pool's bytes per full-attention token, from
+        # two pool lines (K and V), each printed to ±HALF.
+        rows, half = (swa_full_tokens + page_size, HALF * 4) if swa_full_tokens else (t.kv_tokens + page_size, HALF)
+        kv = t.kv_bytes
+        if kv - half <= 0 or kv < rows:  # the print rounding could make it 0 bytes per token: nothing to divide by
+            continue
+        return (int(round(kv / rows)), (kv - half) / rows, (kv + half) / rows,
+                "all KV pools' bytes / (full-attention tokens + page_size) from the log (hybrid SWA)"
+                if swa_full_tokens else "the target's KV size / (#tokens + page_size) from the log")
     return None, None, None, ""
 
 
@@ -537,7 +540,7 @@ def _cell_from_summary(kv_bytes: int, tokens: int, page_size: int) -> Tuple[int,
 
 def _differs(logged: int, lo: int, hi: int, cell: int, ranks: Tuple[RankLedger, ...]) -> str:
     gap = (lo - logged) if logged < lo else (logged - hi)
-    size = gap * cell / GIB
+    size = min(gap * cell, GIB << 40) / GIB  # capped at 2^70 B: a forged pool's gap may not fit in a float
     if logged < lo:
         reasons = ["another rank had less free memory than any shown here (the profile takes the "
                    "minimum across ranks; the log prints each rank's own)"]

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from agent.model import flags
 from agent.model.citing import CitesEvent, where
 from agent.model.geometry import GeometryError, KvGeometry
 from agent.model.records import Finding, KvChange, Options, Problem, Recommendation
@@ -802,7 +803,7 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     events = startup.events
     workers = _workers(events)
     era = _era(events)
-    args = _server_args(events, fallback_args)
+    args, arg_problems = _server_args(events, fallback_args)
     tokens_evs = [e for e in events if e.kind == "kv_tokens" and e.data.get("tokens") is not None]
     reports = tuple(e.data["tokens"] for e in tokens_evs)
     tokens = min(reports) if reports else None
@@ -814,7 +815,8 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     geo, geo_note = _geometry(opts.model_config, args, era)
     return Analysis(
         target=target, status="ok" if complete or died is not None else "partial",
-        problems=_problems(reader_notes, complete, died, stages, workers, era), era=era, server_args=args,
+        problems=_problems(reader_notes, complete, died, stages, workers, era) + arg_problems, era=era,
+        server_args=args,
         startup_index=index, startup_count=count, startup_first_line=startup.first_line, ranks=workers,
         kv_cache_tokens=tokens, kv_cache_reports=reports, gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
         max_model_len=maxlen, kv_cache_dtype=args.get("kv_cache_dtype"), max_concurrency=conc,
@@ -827,20 +829,36 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
                         source=where(tokens_evs[reports.index(tokens)]) if tokens is not None else ""))
 
 
-def _server_args(events: Tuple[LogEvent, ...], fallback_args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+# The flags the model and the reports read, typed first (agent/model/flags.py): a forged or corrupted
+# value (a string max_model_len in a bundle) is unknown with a problem, not a crash.
+FLAGS = {
+    "max_model_len": flags.count(1), "tensor_parallel_size": flags.count(1, 1 << 16),
+    "pipeline_parallel_size": flags.count(1, 1 << 16), "gpu_memory_utilization": flags.number(0, 1),
+    "kv_cache_dtype": flags.TEXT, "model": flags.TEXT, "model_path": flags.TEXT,
+}
+
+
+def _server_args(events: Tuple[LogEvent, ...],
+                 fallback_args: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], Tuple[Problem, ...]]:
     """The engine's arguments as the log prints them (the args line, the banner, the KV dtype line),
-    then the live server's flags for the ones it does not."""
+    then the live server's flags for the ones it does not; each typed (FLAGS), with the problems of
+    the values that were not."""
     args: Dict[str, Any] = {}
+    problems: List[Problem] = []
     for ev in events:
         if ev.kind == "args":
-            args.update(ev.data["args"])
+            logged, dropped = flags.typed(ev.data["args"], FLAGS, "the log's arguments ({})".format(where(ev)))
+            args.update(logged)
+            problems.extend(dropped)
         elif ev.kind == "engine_config":
             args.update({k: ev.data[k] for k in _CONFIG_ARGS if ev.data.get(k) is not None})
         elif ev.kind == "kv_dtype":
             args.setdefault("kv_cache_dtype", ev.data["kv_cache_dtype"])
-    for key, value in (fallback_args or {}).items():
+    given, dropped = flags.typed(fallback_args or {}, FLAGS, "the server's command line")
+    problems.extend(dropped)
+    for key, value in given.items():
         args.setdefault(key, value)
-    return args
+    return args, tuple(problems)
 
 
 def _blocks(events: Tuple[LogEvent, ...]) -> Tuple[Optional[int], Optional[int]]:
@@ -913,7 +931,8 @@ def _cell_bytes(workers: Tuple[Worker, ...], tokens: Optional[int], era: Era) ->
     kv = [w.available_kv_bytes for w in workers if w.available_kv_bytes is not None]
     if not tokens or not kv or min(kv) <= 0 or (era.since and era.since >= (0, 21, 0)):
         return None
-    return int(min(kv) / tokens)
+    cell = int(min(kv) / tokens)
+    return cell if cell >= 1 else None  # more tokens than bytes (a forged figure): unknown, never 0
 
 
 def _problems(reader_notes: Tuple[str, ...], complete: bool, died: Optional[Failure], stages: List[str],

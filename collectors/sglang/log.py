@@ -14,7 +14,7 @@ The line formats themselves, with the releases that print each shape, are the ro
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from collectors import lineformat
 from collectors.events import LogEvent
@@ -23,7 +23,7 @@ from collectors.sglang.formats import FORMATS, PRINT_TOLERANCE_BYTES
 from collectors.units import GB, GIB
 
 __all__ = ["GB", "GIB", "PRINT_TOLERANCE_BYTES", "LogEvent", "classify", "parse_line", "parse_lines",
-           "parse_message", "split_records"]
+           "parse_message", "record_starts", "split_records"]
 
 
 # --- line prefixes -------------------------------------------------------------------------
@@ -52,22 +52,39 @@ def split_records(raw: str) -> List[Tuple[Optional[str], Optional[str], str]]:
     Handles ANSI colour, CR/CRLF, tqdm redraws (``\\r``) and records glued after a progress
     bar. A part with no SGLang prefix yields ``(None, None, message)``.
     """
-    out: List[Tuple[Optional[str], Optional[str], str]] = []
+    return list(_records(raw))
+
+
+def _records(raw: str) -> Iterator[Tuple[Optional[str], Optional[str], str]]:
+    """split_records, one record at a time: a line of thousands of glued records holds no list of
+    their matches (the reader cuts such lines at record_starts; a bundle's or a journal's lines it
+    does not read may still be long)."""
     text = _ANSI.sub("", raw)
     for part in text.replace("\r", "\n").split("\n"):
         if not part.strip():
             continue
-        matches = list(_PREFIX.finditer(part))
-        if not matches:
-            msg = _EXTERNAL.sub("", part, count=1).strip()
-            legacy = _LEGACY_GPU.match(msg)  # 0.2.x "[gpu_id=0] msg": no timestamp, the GPU as the tag
-            out.append((None, legacy.group(1) if legacy else None, msg))
+        prev = None
+        for m in _PREFIX.finditer(part):
+            if prev is not None:
+                yield prev.group("ts"), prev.group("tags").strip(), part[prev.end():m.start()].strip()
+            prev = m
+        if prev is not None:
+            yield prev.group("ts"), prev.group("tags").strip(), part[prev.end():].strip()
             continue
-        for i, m in enumerate(matches):
-            end = matches[i + 1].start() if i + 1 < len(matches) else len(part)
-            msg = part[m.end() : end].strip()
-            out.append((m.group("ts"), m.group("tags").strip(), msg))
-    return out
+        msg = _EXTERNAL.sub("", part, count=1).strip()
+        legacy = _LEGACY_GPU.match(msg)  # 0.2.x "[gpu_id=0] msg": no timestamp, the GPU as the tag
+        yield None, legacy.group(1) if legacy else None, msg
+
+
+# The same prefix in raw bytes: where the reader may cut a very long line of glued records so that
+# each piece is whole records (collectors/logfile.py), with its own byte offset.
+_PREFIX_BYTES = re.compile(_PREFIX.pattern.encode("ascii"))
+
+
+def record_starts(buf: bytes, start: int, end: int) -> Iterator[int]:
+    """Offsets in ``buf[start:end]`` where an SGLang record's prefix begins."""
+    for m in _PREFIX_BYTES.finditer(buf, start, end):
+        yield m.start()
 
 
 def parse_message(msg: str) -> Optional[Tuple[str, Dict[str, Any]]]:
@@ -87,7 +104,7 @@ def classify(msg: str) -> Optional[Tuple[LineFormat, Dict[str, Any]]]:
 def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[LogEvent]:
     """All events in one physical line (usually zero or one)."""
     events: List[LogEvent] = []
-    for ts, rank, msg in split_records(raw):
+    for ts, rank, msg in _records(raw):
         found = classify(msg)
         text = msg if len(msg) <= 240 else msg[:237] + "..."
         if found is not None:

@@ -32,4 +32,5 @@ ENGINE = EngineCollectors(
     default_port=processes.DEFAULT_PORT,
     read_http=http.read_http,
     legacy_default=True,  # kvforensics explained SGLang alone before snapshots named the engine
+    record_starts=log.record_starts,  # records glued to tqdm bars, or to each other
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from collectors.events import EngineStartup, LogEvent, segment
+from collectors.events import EngineStartup, EventCap, LogEvent, segment
 from collectors.sglang.log import parse_line
 
 _BEGIN_KINDS = ("dist_init_begin", "load_begin")
@@ -53,6 +53,8 @@ class StartupSegmenter:
     def __init__(self, keep: Optional[int] = None) -> None:
         self.startups: List[Sequence[LogEvent]] = []  # _DROPPED (shared, empty) where not kept
         self._closed: List[bool] = []
+        self._dropped: List[int] = []  # per startup: events past the cap
+        self._cap = EventCap()
         self._keep = keep
         self._fed = 0  # events of the current startup, kept or not
         self._reset()
@@ -73,13 +75,18 @@ class StartupSegmenter:
             index = len(self.startups)
             self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
             self._closed.append(False)
+            self._dropped.append(0)
+            self._cap.reset()
             self._fed = 0
             self._reset()
             if self._keep is not None and self._keep < 0 and index >= -self._keep:
                 self.startups[index + self._keep] = _DROPPED  # can no longer be among the last k
+        self._fed += 1
+        if not self._cap.admit(ev):
+            self._dropped[-1] += 1
+            return  # past the cap: neither kept nor remembered (the per-rank state stays bounded too)
         if self.startups[-1] is not _DROPPED:
             self.startups[-1].append(ev)  # type: ignore[union-attr]
-        self._fed += 1
         self._update(ev)
 
     def _is_boundary(self, ev: LogEvent) -> bool:
@@ -116,7 +123,8 @@ class StartupSegmenter:
             self._closed[-1] = True
 
     def result(self) -> List[Startup]:
-        return [Startup(tuple(evs), closed) for evs, closed in zip(self.startups, self._closed)]
+        return [Startup(tuple(evs), closed, dropped=dropped)
+                for evs, closed, dropped in zip(self.startups, self._closed, self._dropped)]
 
 
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:

@@ -124,7 +124,7 @@ def _concurrency(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
 
 
 def _graph_end(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
-    return {"seconds": float(m.group("s")), "graph_bytes": gib(m.group("g"))}
+    return {"seconds": _bounded(float(m.group("s")), 1e7), "graph_bytes": gib(m.group("g"))}  # as SGLang's elapsed
 
 
 def _graph_estimate(m: "re.Match[str]", msg: str) -> Dict[str, Any]:

@@ -51,7 +51,7 @@ def split_record(raw: str) -> Tuple[Optional[str], Optional[str], Optional[str],
     at = text.rfind("[repeated ")
     r = _REPEATED.match(text, at) if at >= 0 else None
     if r is not None:
-        repeated = int(r.group(1))
+        repeated = int(r.group(1)) if len(r.group(1)) <= 9 else None  # int() of 4,300+ digits raises
         text = text[:at].rstrip()
     h = _HEADER.match(text)
     if h is None or (h.group("level") is None and not text.startswith("[")):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
-from collectors.events import EngineStartup, LogEvent, segment
+from collectors.events import EngineStartup, EventCap, LogEvent, segment
 from collectors.vllm.log import parse_line
 
 _LAUNCH_KINDS = ("engine_config", "args")
@@ -41,6 +41,8 @@ class StartupSegmenter:
     def __init__(self, keep: Optional[int] = None) -> None:
         self.startups: List[Sequence[LogEvent]] = []
         self._closed: List[bool] = []
+        self._dropped: List[int] = []  # per startup: events past the cap
+        self._cap = EventCap()
         self._keep = keep
         self._reset()
 
@@ -72,20 +74,35 @@ class StartupSegmenter:
                 self._closed[-1] = True
             return
         key = (ev.rank or "", ev.fmt, ev.text)
-        if self.startups and key in self._texts and ev.kind in _MEMORY_KINDS and ev.kind != "weights":
-            return  # the same line again from the same worker
+        if self._repeat(ev, key):
+            return
         if not self.startups or self._is_boundary(ev):
-            index = len(self.startups)
-            self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
-            self._closed.append(False)
-            self._reset()
-            if self._keep is not None and self._keep < 0 and index >= -self._keep:
-                self.startups[index + self._keep] = _DROPPED
+            self._open()
+        self._fed += 1
+        if not self._cap.admit(ev):
+            self._dropped[-1] += 1
+            return  # past the cap: neither kept nor remembered (the sets below stay bounded too)
         if self.startups[-1] is not _DROPPED:
             self.startups[-1].append(ev)  # type: ignore[union-attr]
-        self._fed += 1
         self._texts.add(key)
         self._update(ev)
+
+    def _repeat(self, ev: LogEvent, key: Tuple[str, str, str]) -> bool:
+        """The same memory line again from the same worker while the startup is open (Ray Serve relays a
+        line twice; a paste repeated); once the startup ended, the same line is the next launch's."""
+        return bool(self.startups) and key in self._texts and ev.kind in _MEMORY_KINDS and ev.kind != "weights" \
+            and not self._closed[-1]
+
+    def _open(self) -> None:
+        """A new startup: kept or only counted (``keep``), its state and its cap fresh."""
+        index = len(self.startups)
+        self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
+        self._closed.append(False)
+        self._dropped.append(0)
+        self._cap.reset()
+        self._reset()
+        if self._keep is not None and self._keep < 0 and index >= -self._keep:
+            self.startups[index + self._keep] = _DROPPED
 
     def _is_boundary(self, ev: LogEvent) -> bool:
         if self._fed == 0:
@@ -126,7 +143,8 @@ class StartupSegmenter:
             self._closed[-1] = True
 
     def result(self) -> List[Startup]:
-        return [Startup(tuple(evs), closed) for evs, closed in zip(self.startups, self._closed)]
+        return [Startup(tuple(evs), closed, dropped=dropped)
+                for evs, closed, dropped in zip(self.startups, self._closed, self._dropped)]
 
 
 def _process_name(ev: LogEvent) -> str:
