@@ -219,7 +219,7 @@ def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page
     bud = budget_mod.compute(era, budget_mod.Inputs(
         args=args, ranks=first, page_size=page, cell_from_config=geo.bytes_per_token if geo else None,
         cell_config_formula=geo.formula if geo else "", mm_reserve=mm, draft_first=_draft_loaded_first(attributed),
-        mfs_origin=_mfs_origin(attributed.server_args, args), swa_full_tokens=_swa_full_tokens(attributed),
+        mfs_origin=_mfs_origin(attributed.server_args), swa_full_tokens=_swa_full_tokens(attributed),
         context_len=summary.context_len, target_layers=geo.layers if geo else None,
         logged_tokens=_first_kv_tokens(attributed), summary_tokens=summary.max_total_num_tokens))
     resized = next((e for r in attributed.ranks for e in r.target.all("post_capture_kv")), None)
@@ -229,14 +229,12 @@ def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page
     return bud
 
 
-_ABSENT = object()
-
-
-def _mfs_origin(args_ev: Optional[LogEvent], args: Dict[str, Any]) -> str:
-    """Where mem_fraction_static comes from: the log's server_args (when typing kept it), else the live
-    command line."""
-    logged = args_ev.data["args"].get("mem_fraction_static", _ABSENT) if args_ev else _ABSENT
-    if logged is not _ABSENT and logged == args.get("mem_fraction_static"):
+def _mfs_origin(args_ev: Optional[LogEvent]) -> str:
+    """Where mem_fraction_static comes from: the log's server_args when it gives one that its type
+    (FLAGS) keeps, else the live command line."""
+    logged = args_ev.data["args"] if args_ev else {}
+    if "mem_fraction_static" in logged and flags.typed(
+            {"mem_fraction_static": logged["mem_fraction_static"]}, FLAGS, "")[0]:
         return "server_args mem_fraction_static ({})".format(where(args_ev))
     return "the server's command line (--mem-fraction-static)"
 
