@@ -88,6 +88,18 @@ def test_a_forged_sglang_flag_is_unknown_with_a_problem(tmp_path, key, value):
     assert "server_args.invalid" in _codes(_target(path))
 
 
+def test_a_log_flag_that_fails_its_type_gives_way_to_the_command_line_and_says_so(tmp_path):
+    doc = copy.deepcopy(SEED)
+    doc["engine_log"]["lines"] = [[r[0], r[1], r[2].replace("mem_fraction_static=0.88", "mem_fraction_static=7")]
+                                  for r in doc["engine_log"]["lines"]]
+    path = _write(tmp_path, doc)
+    _inspect_everywhere(path)
+    t = _target(path)
+    budget = t["startup"]["budget"]
+    assert budget["mem_fraction_static"] == 0.88 and "command line" in budget["mem_fraction_static_source"]
+    assert "server_args.invalid" in _codes(t)
+
+
 @pytest.mark.parametrize("status", ["failed", "absent"])
 def test_a_gpu_status_the_report_cannot_hold_is_refused_at_the_edge(tmp_path, status):
     # The report's gpus[].status is ok/partial/lost (what the collector writes); the snapshot schema once

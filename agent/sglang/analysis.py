@@ -278,8 +278,11 @@ def _budget(era: era_mod.Era, attributed: Attributed, args: Dict[str, Any], page
 
 
 def _mfs_origin(args_ev: Optional[LogEvent]) -> str:
-    """Where mem_fraction_static comes from: the log's server_args, else the live command line."""
-    if args_ev and "mem_fraction_static" in args_ev.data["args"]:
+    """Where mem_fraction_static comes from: the log's server_args when it gives one that its type
+    (FLAGS) keeps, else the live command line."""
+    logged = args_ev.data["args"] if args_ev else {}
+    if "mem_fraction_static" in logged and flags.typed(
+            {"mem_fraction_static": logged["mem_fraction_static"]}, FLAGS, "")[0]:
         return "server_args mem_fraction_static ({})".format(where(args_ev))
     return "the server's command line (--mem-fraction-static)"
 
