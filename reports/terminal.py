@@ -74,10 +74,15 @@ def say(c: Any, text: str, indent: int = 0, style: Optional[str] = None, first: 
          first_style: Optional[str] = None) -> None:
     """``text`` wrapped at words under ``indent`` columns; ``first`` (e.g. a severity) fills the
     indent of the first line."""
+    _print_lines(c, fit.wrap(text, max(20, _width(c) - indent)), indent, style, first, first_style)
+
+
+def _print_lines(c: Any, lines: Sequence[str], indent: int, style: Optional[str], first: str,
+                 first_style: Optional[str]) -> None:
+    """Lines already fitted to the width, under ``indent`` columns, ``first`` in the first line's indent."""
     from rich.text import Text
 
-    lines = fit.wrap(text, max(20, _width(c) - indent)) or [""]
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines or [""]):
         t = Text()
         lead = first if i == 0 else ""
         t.append(lead, style=first_style)
@@ -276,15 +281,7 @@ def clipped(c: Any, text: str, indent: int, most: int, first: str = "", style: O
             first_style: Optional[str] = None) -> None:
     """``text`` in at most ``most`` lines under ``indent`` columns, ``first`` in the indent of the first;
     cut after a word, never after a figure (``fit.clip``)."""
-    from rich.text import Text
-
-    for i, line in enumerate(fit.clip(text, max(20, _width(c) - indent), most) or [""]):
-        t = Text()
-        lead = first if i == 0 else ""
-        t.append(lead, style=first_style)
-        t.append(" " * (indent - fit.cell_len(lead)))
-        t.append(line, style=style)
-        c.print(t, no_wrap=True, overflow="ignore", crop=False)
+    _print_lines(c, fit.clip(text, max(20, _width(c) - indent), most), indent, style, first, first_style)
 
 
 def finding_lines(c: Any, findings: Sequence[Finding]) -> None:
