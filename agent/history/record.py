@@ -263,32 +263,30 @@ def _replaces(e: EngineRecord, r: history.RecentRun) -> bool:
 
 def kept_startup(db_path: str, snap: Dict[str, Any]) -> Dict[str, Any]:
     """``with_kept_startup`` from the history at ``db_path``, read-only (inspect on the node)."""
-    if not os.path.exists(db_path):
-        return snap
-    try:
-        opened = history.open_db(db_path, create=False)
-    except history.HistoryError:
-        return snap
-    try:
-        return with_kept_startup(opened.conn, snap)
-    except (history.HistoryError, sqlite3.Error):  # a damaged history is no history here; record says so
-        return snap
-    finally:
-        opened.conn.close()
+    return _read_only(db_path, lambda conn: with_kept_startup(conn, snap), snap)
 
 
 def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunStats]:
     """The recorded history of the engine run ``snap`` belongs to, if any (read-only)."""
+    def read(conn: sqlite3.Connection) -> Optional[history.RunStats]:
+        rid = history.run_id_for(conn, run_key(snap))
+        return history.run_stats(conn, rid) if rid is not None else None
+
+    return _read_only(db_path, read, None)
+
+
+def _read_only(db_path: str, read: Callable[[sqlite3.Connection], Any], default: Any) -> Any:
+    """``read`` over the history at ``db_path`` if there is one that opens; ``default`` when there is none,
+    it is not ours, or it is damaged (a damaged history is no history here; record says so)."""
     if not os.path.exists(db_path):
-        return None
+        return default
     try:
         opened = history.open_db(db_path, create=False)
     except history.HistoryError:
-        return None
+        return default
     try:
-        rid = history.run_id_for(opened.conn, run_key(snap))
-        return history.run_stats(opened.conn, rid) if rid is not None else None
-    except (history.HistoryError, sqlite3.Error):  # a damaged history is no history here; record says so
-        return None
+        return read(opened.conn)
+    except (history.HistoryError, sqlite3.Error):
+        return default
     finally:
         opened.conn.close()
