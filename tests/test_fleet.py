@@ -10,7 +10,6 @@ import json
 import shutil
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -233,20 +232,11 @@ def test_a_replaced_pod_is_not_a_gone_engine(tmp_path, now_pod, started, gone):
 
 def test_kvforensics_serve_covers_both_engines_too(two, tmp_path):
     """serve exports what record exports: both engines, the node's series once."""
-    import socket
 
-    from tests.test_serve import ACTIVATE, Served
+    from tests.test_serve import start_serve
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    proc = subprocess.Popen([sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "agent", "serve", "--db",
-                             str(tmp_path / "h.db"), "--nvml-lib", str(FAKE_LIB)],
-                            env=dict(two.sglang.env(), FAKE_NVML_SCENARIO=str(two.scenario), PYTHONPATH=str(ROOT)),
-                            cwd=str(ROOT), pass_fds=(listener.fileno(),), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    served = Served(proc, "http://127.0.0.1:{}".format(listener.getsockname()[1]))
-    listener.close()
+    served = start_serve(dict(two.sglang.env(), FAKE_NVML_SCENARIO=str(two.scenario)), "--db", str(tmp_path / "h.db"),
+                         "--nvml-lib", str(FAKE_LIB))
     try:
         status, text = served.get("/metrics")
     finally:

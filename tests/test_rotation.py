@@ -9,13 +9,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
 
@@ -84,23 +83,13 @@ def test_after_copytruncate_the_kept_startup_keeps_the_engines_series(node, tmp_
 
 def test_a_serve_started_after_the_rotation_uses_the_kept_startup(node, tmp_path):
     """serve restarted (a new pod, a new image) after the log was rotated: the history still has the run's startup."""
-    import socket
 
-    from tests.test_serve import ACTIVATE, Served
+    from tests.test_serve import start_serve
 
     db = tmp_path / "h.db"
     assert _record(db, tmp_path / "k.prom")[0] == 0
     _copytruncate(node.log)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    proc = subprocess.Popen([sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "agent", "serve", "--db",
-                             str(db), "--nvml-lib", str(FAKE_LIB), "--no-http"], env=dict(node.env(),
-                                                                                           PYTHONPATH=str(ROOT)),
-                            cwd=str(ROOT), pass_fds=(listener.fileno(),), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    served = Served(proc, "http://127.0.0.1:{}".format(listener.getsockname()[1]))
-    listener.close()
+    served = start_serve(node.env(), "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http")
     try:
         status, text = served.get("/metrics")
     finally:

@@ -68,22 +68,26 @@ class Served:
         return self.proc.returncode, err
 
 
+def start_serve(env: Dict[str, str], *args: str) -> Served:
+    """`kvforensics serve ARGS` on a loopback socket this process bound and hands over (LISTEN_FDS)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    argv = [sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "agent", "serve"] + list(args)
+    proc = subprocess.Popen(argv, env=dict(env, PYTHONPATH=str(ROOT)), cwd=str(ROOT), pass_fds=(listener.fileno(),),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    served = Served(proc, "http://127.0.0.1:{}".format(listener.getsockname()[1]))
+    listener.close()  # the server holds its copy
+    return served
+
+
 @pytest.fixture
 def serve(node, tmp_path):
     """Start `kvforensics serve` on a socket this test bound; stopped (SIGTERM) at the end."""
     started: List[Served] = []
 
     def start(db, *extra: str) -> Served:
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        argv = [sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "agent", "serve", "--db", str(db),
-                "--nvml-lib", str(FAKE_LIB), "--no-http"] + list(extra)
-        proc = subprocess.Popen(argv, env=dict(node.env(), PYTHONPATH=str(ROOT)), cwd=str(ROOT),
-                                pass_fds=(listener.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
-        served = Served(proc, "http://127.0.0.1:{}".format(listener.getsockname()[1]))
-        listener.close()  # the server holds its copy
+        served = start_serve(node.env(), "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http", *extra)
         started.append(served)
         return served
 
