@@ -10,16 +10,11 @@ reads engines only through this registry, never by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Protocol, Tuple
 
 from agent.model.records import Finding, Options, Problem, Recommendation
 from collectors.plugin import ENGINES as COLLECTORS
 from collectors.registry import Registry, UnknownEngine
-
-try:  # typing.Protocol is 3.8+; agent/ needs 3.9 anyway
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    Protocol = object  # type: ignore[assignment,misc]
 
 __all__ = ["ENGINES", "EngineAnalysis", "EngineModel", "LoadMetrics", "UnknownEngine", "display"]
 
