@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import append  # noqa: E402
-from tests.sshd import USER, Sshd, client_config, keygen  # noqa: E402
+from bench.common import append, ssh_fleet  # noqa: E402
+from tests.sshd import Sshd, keygen  # noqa: E402
 
 HOSTS = int(os.environ.get("KVF_BENCH_HOSTS", "32"))
 PARALLEL = 16
@@ -37,14 +37,7 @@ def main() -> int:
     key = keygen(work / "client")
     server = Sshd(work / "sshd", [key])
     try:
-        known = work / "known_hosts"
-        known.write_text(server.known_hosts_line())
-        aliases = ["h{:02d}".format(i) for i in range(HOSTS)]
-        cfg = client_config(work / "ssh_config", {a: {
-            "HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key, "IdentitiesOnly": "yes",
-            "UserKnownHostsFile": known, "BatchMode": "yes", "StrictHostKeyChecking": "yes"} for a in aliases})
-        env = dict(os.environ)
-        env.pop("SSH_AUTH_SOCK", None)
+        cfg, aliases, env = ssh_fleet(work, server, key, HOSTS)
         kvf_times, ssh_times = [], []
         doc = None
         for _ in range(RUNS):

@@ -111,20 +111,14 @@ def probe_bytes(tree: Path) -> int:
 
 
 def fleet(trees: List[Path]) -> Tuple[List[float], float]:
-    from tests.sshd import USER, Sshd, client_config, keygen
+    from bench.common import ssh_fleet
+    from tests.sshd import Sshd, keygen
 
     work = Path(tempfile.mkdtemp(prefix="kvf-bench-perf-ssh-"))
     key = keygen(work / "client")
     server = Sshd(work / "sshd", [key])
     try:
-        known = work / "known_hosts"
-        known.write_text(server.known_hosts_line())
-        aliases = ["h{:02d}".format(i) for i in range(HOSTS)]
-        cfg = client_config(work / "ssh_config", {a: {
-            "HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key, "IdentitiesOnly": "yes",
-            "UserKnownHostsFile": known, "BatchMode": "yes", "StrictHostKeyChecking": "yes"} for a in aliases})
-        env = dict(os.environ)
-        env.pop("SSH_AUTH_SOCK", None)
+        cfg, aliases, env = ssh_fleet(work, server, key, HOSTS)
         kvf: List[List[float]] = [[] for _ in trees]
         peer: List[float] = []
         for _ in range(FLEET_RUNS):

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -86,3 +86,19 @@ check(cuda.cuDeviceGet(ctypes.byref(dev), DEVICE), "cuDeviceGet")
 ctx = ctypes.c_void_p()
 check(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
 """
+
+
+def ssh_fleet(work: Path, server: Any, key: Path, hosts: int) -> Tuple[Path, List[str], Dict[str, str]]:
+    """An ssh config naming ``hosts`` aliases of one loopback sshd (strict host keys, batch mode), the
+    aliases, and an environment without an agent: what kvforensics and plain ssh are both given."""
+    from tests.sshd import USER, client_config
+
+    known = work / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    aliases = ["h{:02d}".format(i) for i in range(hosts)]
+    cfg = client_config(work / "ssh_config", {a: {
+        "HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key, "IdentitiesOnly": "yes",
+        "UserKnownHostsFile": known, "BatchMode": "yes", "StrictHostKeyChecking": "yes"} for a in aliases})
+    env = dict(os.environ)
+    env.pop("SSH_AUTH_SOCK", None)
+    return cfg, aliases, env
