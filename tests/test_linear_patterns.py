@@ -114,3 +114,10 @@ def test_the_line_splitters_read_200_kb_runs_in_linear_time(filler):
     for raw in (run, "[2026-01-01 10:00:00 TP0] " + run, "svc" + run + "| x"):
         sglang_log.parse_line(raw)
     assert time.process_time() - started < BOUND_S
+
+
+def test_every_row_compiles():
+    """Rows compile on first use (a log shows few): a broken pattern must fail here, not on a user's log."""
+    for key, row in ROWS.items():
+        pattern = row.pattern.compiled() if isinstance(row.pattern, lineformat.Lazy) else row.pattern
+        assert pattern.pattern, key

@@ -7,10 +7,12 @@ all read it without importing one another.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from agent.model.live import Inspection
 from agent.model.records import Options
+
+if TYPE_CHECKING:  # a pasted log's context has no live node: its records stay unloaded
+    from agent.model.live import Inspection
 
 
 @dataclass(frozen=True)

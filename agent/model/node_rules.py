@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from agent.model.live import GpuLedger, Inspection, Owner
+from agent.model.kinds import Owner
 from agent.model.records import Finding, KvChange
 from agent.plugin import ENGINES, EngineModel, display
 from collectors.units import gib
 
 if TYPE_CHECKING:
     from agent.model.context import Context
+    from agent.model.live import GpuLedger, Inspection
 
 UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
 IMBALANCE_WARN_BYTES = 512 << 20  # free-memory spread across ranks worth reporting

@@ -6,12 +6,14 @@ log's per-rank ledger (``agent/sglang/ledger.py``) gives the items NVML's figure
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from agent.model.evidence import Engine
 from agent.model.live import ItemKind, LedgerItem
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger
+
+if TYPE_CHECKING:
+    from agent.model.evidence import Engine
 
 
 def _rank_ledger(analysis: Optional[Analysis], rank: str) -> Optional[RankLedger]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from agent.plugin import EngineModel, LoadMetrics
-from agent.sglang import hicache, imbalance, live, recommend, rules
+from agent.sglang import hicache, imbalance, recommend, rules
 from agent.sglang.analysis import build_analysis
+from collectors.registry import lazy
 from collectors.units import gib
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ ENGINE = EngineModel(
     headlines=tuple(rules.HEADLINES),
     rules=tuple(rules.RULES),
     recommenders=tuple(recommend.RECOMMENDERS),
-    place=live.place,
+    place=lazy("agent.sglang.live:place"),  # a live node only: a pasted log never loads its records
     budget_flag="--mem-fraction-static",
     # collectors/sglang/http.py WANTED: the scheduler's gauges (with --enable-metrics)
     load=LoadMetrics(running="sglang:num_running_reqs", queued="sglang:num_queue_reqs",

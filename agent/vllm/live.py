@@ -12,11 +12,13 @@ restart, never its PID), and gets no logged items: NVML's figure stands whole.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from agent.model.evidence import Engine
 from agent.model.live import ItemKind, LedgerItem
 from agent.vllm.analysis import Analysis, Worker
+
+if TYPE_CHECKING:
+    from agent.model.evidence import Engine
 
 _PID = re.compile(r"\bpid=(\d+)")
 DRIVER = "driver"  # V0's rank-0 worker inside the API server process: its lines carry no prefix

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from agent.model.node_rules import live_settings
 from agent.plugin import EngineModel, LoadMetrics
-from agent.vllm import live, recommend, rules
+from agent.vllm import recommend, rules
 from agent.vllm.analysis import build_analysis
+from collectors.registry import lazy
 
 if TYPE_CHECKING:
     from agent.model.context import Context
@@ -31,7 +32,7 @@ ENGINE = EngineModel(
     headlines=tuple(rules.HEADLINES),
     rules=tuple(rules.RULES),
     recommenders=tuple(recommend.RECOMMENDERS),
-    place=live.place,
+    place=lazy("agent.vllm.live:place"),  # a live node only: a pasted log never loads its records
     budget_flag="--gpu-memory-utilization",
     # The V1 and V0 names (collectors/vllm/metrics.py); usage is a share of its blocks, not a token count.
     load=LoadMetrics(running="vllm:num_requests_running", queued="vllm:num_requests_waiting",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Optional, Tuple
 
-from collectors.lineformat import LineFormat, always, first, when
+from collectors.lineformat import Lazy, LineFormat, always, first, when
 from collectors.sglang.server_args import parse_server_args
 from collectors.units import GB, GIB
 
@@ -273,7 +273,7 @@ def _graph_clues(end: bool) -> Tuple:  # type: ignore[type-arg]
 
 def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues,
          anywhere: bool = False) -> LineFormat:  # type: ignore[no-untyped-def]
-    return LineFormat(name=name, kind=kind, needle=needle, pattern=re.compile(pattern), extract=extract,
+    return LineFormat(name=name, kind=kind, needle=needle, pattern=Lazy(pattern), extract=extract,
                       clues=tuple(clues), anywhere=anywhere)
 
 

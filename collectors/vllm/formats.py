@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Optional
 
-from collectors.lineformat import LineFormat, always, first, when
+from collectors.lineformat import Lazy, LineFormat, always, first, when
 from collectors.units import GIB
 
 # Figures are printed with "%.2f" (or format_gib: round(x, 2)), so one is known to half a hundredth.
@@ -58,7 +58,7 @@ def _fraction(text: Optional[str]) -> Optional[float]:
 
 
 def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywhere: bool = False) -> LineFormat:  # type: ignore[no-untyped-def]
-    return LineFormat(name=name, kind=kind, needle=needle, pattern=re.compile(pattern), extract=extract,
+    return LineFormat(name=name, kind=kind, needle=needle, pattern=Lazy(pattern), extract=extract,
                       clues=tuple(clues), anywhere=anywhere)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Tuple
 
-from agent.model.live import ItemKind
+from agent.model.kinds import ItemKind
 from collectors.registry import lazy
 from reports.plugin import EngineView
 from reports.vllm import json_report
