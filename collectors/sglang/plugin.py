@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collectors.plugin import EngineCollectors
-from collectors.sglang import http, log, processes, startups
+from collectors.registry import lazy
+from collectors.sglang import log, startups
 from collectors.sglang.formats import FORMATS
 
 # Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
@@ -27,10 +28,11 @@ ENGINE = EngineCollectors(
     launch_lines=(b"server_args=",),
     owns_event=startups.owns_event,
     begins_cleanly=startups.begins_cleanly,
-    classify=processes.classify,
-    parse_flags=processes.parse_flags,
-    default_port=processes.DEFAULT_PORT,
-    read_http=http.read_http,
+    # A live node's process table and HTTP endpoint: imported when read (a pasted log never is).
+    classify=lazy("collectors.sglang.processes:classify"),
+    parse_flags=lazy("collectors.sglang.processes:parse_flags"),
+    default_port=30000,  # server_args.py ServerArgs.port
+    read_http=lazy("collectors.sglang.http:read_http"),
     legacy_default=True,  # kvforensics explained SGLang alone before snapshots named the engine
     record_starts=log.record_starts,  # records glued to tqdm bars, or to each other
 )

@@ -14,7 +14,6 @@ from typing import Any, Dict, List, Optional
 from collectors.argv import parse_flags as _parse
 
 ENGINE = "sglang"
-DEFAULT_PORT = 30000  # server_args.py ServerArgs.port
 
 # canonical dest -> spellings SGLang accepts (research §7.3, §5)
 _ALIASES = {

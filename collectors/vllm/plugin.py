@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collectors.plugin import EngineCollectors
-from collectors.vllm import formats, http, log, processes, startups
+from collectors.registry import lazy
+from collectors.vllm import formats, log, startups
 
 ENGINE = EngineCollectors(
     name="vllm",
@@ -27,8 +28,9 @@ ENGINE = EngineCollectors(
     launch_lines=(b"non-default args:",),
     owns_event=startups.owns_event,
     begins_cleanly=startups.begins_cleanly,
-    classify=processes.classify,
-    parse_flags=processes.parse_flags,
-    default_port=processes.DEFAULT_PORT,
-    read_http=http.read_http,
+    # A live node's process table and HTTP endpoint: imported when read (a pasted log never is).
+    classify=lazy("collectors.vllm.processes:classify"),
+    parse_flags=lazy("collectors.vllm.processes:parse_flags"),
+    default_port=8000,  # vllm/entrypoints/openai/cli_args.py make_arg_parser: --port default
+    read_http=lazy("collectors.vllm.http:read_http"),
 )

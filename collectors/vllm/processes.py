@@ -29,7 +29,6 @@ from typing import Any, Dict, List, Optional
 from collectors.argv import parse_flags as _parse
 
 ENGINE = "vllm"
-DEFAULT_PORT = 8000  # vllm/entrypoints/openai/cli_args.py make_arg_parser: --port default
 
 _TITLE = "VLLM::"
 _WORKER_TITLES = ("EngineCore", "DPEngineCore", "Worker")
