@@ -252,19 +252,19 @@ def nvml_unavailable(ctx: "Context") -> Iterator[Finding]:
     nv = ctx.live.snapshot.nvml if ctx.live else None
     if nv is not None and nv.unavailable:
         msg = "; ".join(p.message for p in nv.problems) or "NVML unavailable"
-        yield Finding("nvml_unavailable", "warning", "No GPU information: " + msg,
-                      "Without NVML kvforensics cannot see GPU memory; host memory and engine processes are "
-                      "still reported.", None, ("nvml",), proof=msg,
+        yield Finding(code="nvml_unavailable", severity="warning", title="No GPU information: " + msg,
+                      detail="Without NVML kvforensics cannot see GPU memory; host memory and engine processes are "
+                      "still reported.", evidence=("nvml",), proof=msg,
                       action="check the NVIDIA driver with nvidia-smi, or pass --nvml-lib PATH")
 
 
 def gpu_lost(ctx: "Context") -> Iterator[Finding]:
     for g in ctx.live.gpus if ctx.live else ():
         if g.status == "lost":
-            yield Finding("gpu_lost", "critical", "GPU {} is lost".format(g.index),
-                          "NVML answers GPU_IS_LOST: the GPU fell off the bus or hit a fatal error. It needs a "
-                          "reset (nvidia-smi -r) or a reboot; any engine rank on it is dead.", None,
-                          ("nvmlDeviceGetHandleByIndex({})".format(g.index),),
+            yield Finding(code="gpu_lost", severity="critical", title="GPU {} is lost".format(g.index),
+                          detail="NVML answers GPU_IS_LOST: the GPU fell off the bus or hit a fatal error. It needs a "
+                          "reset (nvidia-smi -r) or a reboot; any engine rank on it is dead.",
+                          evidence=("nvmlDeviceGetHandleByIndex({})".format(g.index),),
                           proof="NVML answers GPU_IS_LOST for GPU {}".format(g.index),
                           action="reset GPU {} (nvidia-smi -r -i {}) or reboot the node".format(g.index, g.index))
 
@@ -272,16 +272,25 @@ def gpu_lost(ctx: "Context") -> Iterator[Finding]:
 def engine_not_found(ctx: "Context") -> Iterator[Finding]:
     if ctx.live is not None and ctx.live.engine is None and ctx.live.snapshot.engines:
         ports = sorted({e.port for e in ctx.live.snapshot.engines if e.server is not None})
-        yield Finding("engine_not_found", "warning", "No server on the port asked for (--engine)",
-                      "This node runs {} server(s), on port(s) {}: pass one of them to --engine.".format(
-                          len(ports), ", ".join(map(str, ports)) or "none visible"), None, ("/proc/*/cmdline",),
-                      action="pass --engine {}".format(ports[0]) if ports else "")
+        yield Finding(
+            code="engine_not_found",
+            severity="warning",
+            title="No server on the port asked for (--engine)",
+            detail="This node runs {} server(s), on port(s) {}: pass one of them to --engine.".format(
+                len(ports), ", ".join(map(str, ports)) or "none visible"
+            ),
+            evidence=("/proc/*/cmdline",),
+            action="pass --engine {}".format(ports[0]) if ports else "",
+        )
     elif ctx.live is not None and ctx.live.engine is None:
         engines = ENGINES.all()
-        yield Finding("engine_not_found", "info", "No {} server on this node".format(
-                          " or ".join(display(e.name) for e in engines)),
-                      "Looked for {} command lines in /proc.".format(_and(h for e in engines for h in e.process_hint)),
-                      None, ("/proc/*/cmdline",))
+        yield Finding(
+            code="engine_not_found",
+            severity="info",
+            title="No {} server on this node".format(" or ".join(display(e.name) for e in engines)),
+            detail="Looked for {} command lines in /proc.".format(_and(h for e in engines for h in e.process_hint)),
+            evidence=("/proc/*/cmdline",),
+        )
 
 
 def _and(items: Iterable[str]) -> str:
@@ -296,13 +305,20 @@ def engine_log_missing(ctx: "Context") -> Iterator[Finding]:
     log = insp.snapshot.engine_log
     problems = list(log.problems) + [p for p in insp.problems if p.code == "engine_log.other_engine"]
     why = "; ".join(p.message for p in problems) or "no startup lines"
-    yield Finding("engine_log_missing", "warning", "The engine's startup log could not be read",
-                  why + ". Live GPU numbers are shown, but not what the engine allocated; pass "
-                  "--log PATH|journal:UNIT|docker:NAME.", None, (log.source or "engine_log",), proof=why,
-                  action="pass --log PATH|journal:UNIT|docker:NAME")
+    yield Finding(
+        code="engine_log_missing",
+        severity="warning",
+        title="The engine's startup log could not be read",
+        detail=why + ". Live GPU numbers are shown, but not what the engine allocated; pass "
+        "--log PATH|journal:UNIT|docker:NAME.",
+        evidence=(log.source or "engine_log",),
+        proof=why,
+        action="pass --log PATH|journal:UNIT|docker:NAME",
+    )
 
 
 # --- the questions logs and live nodes share -----------------------------------------------
+
 
 def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
     """Unused memory beyond the margin worth a flag change (warning), or less free than the margin
@@ -323,22 +339,31 @@ def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
     if ctx.live is not None:
         low = h.gpu
         assert low is not None
-        yield Finding("unused_gpu_memory", "warning", "{} unused on each of the engine's {} GPU(s)".format(
-                          gib(spare), len(ctx.live.engine_gpus)),
-                      "{} ({} {}). {} sizes every rank alike, so the least free GPU is what can be given to the "
-                      "KV pool. Minus the {} margin: {}{}{}.".format(h.how, low.rank, low.name or "", engine_name(ctx),
-                                                                     gib(margin), gib(spare), gain, note),
-                      spare, (h.evidence,),
-                      proof="{} left on GPU {} − {} margin = {}".format(gib(h.free_bytes), low.index, gib(margin),
-                                                                         gib(spare)), action=action)
+        yield Finding(
+            code="unused_gpu_memory",
+            severity="warning",
+            title="{} unused on each of the engine's {} GPU(s)".format(gib(spare), len(ctx.live.engine_gpus)),
+            detail="{} ({} {}). {} sizes every rank alike, so the least free GPU is what can be given to the "
+            "KV pool. Minus the {} margin: {}{}{}.".format(
+                h.how, low.rank, low.name or "", engine_name(ctx), gib(margin), gib(spare), gain, note
+            ),
+            bytes=spare,
+            evidence=(h.evidence,),
+            proof="{} left on GPU {} − {} margin = {}".format(gib(h.free_bytes), low.index, gib(margin), gib(spare)),
+            action=action,
+        )
         return
-    yield Finding("unused_gpu_memory", "warning",
-                  "{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
-                  "{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
-                  "the KV pool could use{}{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), gain, note),
-                  spare, (h.evidence,),
-                  proof="{} free after startup − {} margin = {}".format(gib(h.free_bytes), gib(margin), gib(spare)),
-                  action=action)
+    yield Finding(
+        code="unused_gpu_memory",
+        severity="warning",
+        title="{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
+        detail="{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
+        "the KV pool could use{}{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), gain, note),
+        bytes=spare,
+        evidence=(h.evidence,),
+        proof="{} free after startup − {} margin = {}".format(gib(h.free_bytes), gib(margin), gib(spare)),
+        action=action,
+    )
 
 
 def _quoted_gain(ctx: "Context", found: Spare) -> str:
@@ -347,7 +372,8 @@ def _quoted_gain(ctx: "Context", found: Spare) -> str:
     per_rank = " per rank" if ctx.live is not None else ""
     if c is not None and c.gain_bytes > 0:
         return "; {} {} puts {} of it into the KV pool: +{:,} KV tokens{} (recommended below)".format(
-            c.flag, c.value, gib(c.gain_bytes), c.gain_tokens, per_rank)
+            c.flag, c.value, gib(c.gain_bytes), c.gain_tokens, per_rank
+        )
     cell = cell_bytes(ctx)
     return " ≈ {:,} more KV tokens{}".format(found.spare_bytes // cell, per_rank) if cell else ""
 
@@ -356,18 +382,29 @@ def _low_headroom(ctx: "Context", found: Spare, margin: int) -> Finding:
     h = found.headroom
     why, action = found.no_change
     if h.gpu is not None:
-        return Finding("low_headroom", "warning", "Only {} free on GPU {}, below the {} margin".format(
-            gib(h.free_bytes), h.gpu.index, gib(margin)),
-            "{}. Out-of-memory errors under load are likely; {}.".format(
-                h.how, why or "give memory back with a lower " + budget_flag(ctx)), h.free_bytes, (h.evidence,),
-            proof="{} left on GPU {} < {} margin".format(gib(h.free_bytes), h.gpu.index, gib(margin)), action=action)
-    return Finding("low_headroom", "warning",
-                   "Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
-                   "Runtime activations for a prefill chunk, sampling and allocator fragmentation "
-                   "come out of this; out-of-memory errors under load are likely{}.".format("; " + why if why else ""),
-                   h.free_bytes, (h.evidence,),
-                   proof="{} free after startup < {} margin".format(gib(h.free_bytes), gib(margin)),
-                   action=action)
+        return Finding(
+            code="low_headroom",
+            severity="warning",
+            title="Only {} free on GPU {}, below the {} margin".format(gib(h.free_bytes), h.gpu.index, gib(margin)),
+            detail="{}. Out-of-memory errors under load are likely; {}.".format(
+                h.how, why or "give memory back with a lower " + budget_flag(ctx)
+            ),
+            bytes=h.free_bytes,
+            evidence=(h.evidence,),
+            proof="{} left on GPU {} < {} margin".format(gib(h.free_bytes), h.gpu.index, gib(margin)),
+            action=action,
+        )
+    return Finding(
+        code="low_headroom",
+        severity="warning",
+        title="Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
+        detail="Runtime activations for a prefill chunk, sampling and allocator fragmentation "
+        "come out of this; out-of-memory errors under load are likely{}.".format("; " + why if why else ""),
+        bytes=h.free_bytes,
+        evidence=(h.evidence,),
+        proof="{} free after startup < {} margin".format(gib(h.free_bytes), gib(margin)),
+        action=action,
+    )
 
 
 def rank_imbalance(ctx: "Context") -> Iterator[Finding]:
@@ -391,8 +428,9 @@ def _live_imbalance(ctx: "Context", insp: Inspection) -> Iterator[Finding]:
     beside = model is not None and model.budget_of_total
 
     def free(g: GpuLedger) -> int:
-        return (g.free_bytes or 0) + (sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
-                                      if beside else 0)
+        return (g.free_bytes or 0) + (
+            sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE) if beside else 0
+        )
 
     lo = min(gpus, key=free)
     hi = max(gpus, key=free)
@@ -401,12 +439,25 @@ def _live_imbalance(ctx: "Context", insp: Inspection) -> Iterator[Finding]:
         return
     cell = cell_bytes(ctx)
     cost = " ≈ {:,} tokens".format(spread // cell) if cell else ""
-    yield Finding("rank_imbalance", "warning", "Free memory differs by {} across the engine's GPUs".format(gib(spread)),
-                  "GPU {} ({}) has {} {}, GPU {} ({}) {}. Ranks are sized from the minimum, so the others leave up "
-                  "to {}{} each unused.".format(lo.index, lo.rank, gib(free(lo)),
-                                                "free or held by other processes" if beside else "free", hi.index,
-                                                hi.rank, gib(free(hi)), gib(spread), cost),
-                  spread, ("nvmlDeviceGetMemoryInfo_v2 free, GPUs {} and {}".format(lo.index, hi.index),))
+    yield Finding(
+        code="rank_imbalance",
+        severity="warning",
+        title="Free memory differs by {} across the engine's GPUs".format(gib(spread)),
+        detail="GPU {} ({}) has {} {}, GPU {} ({}) {}. Ranks are sized from the minimum, so the others leave up "
+        "to {}{} each unused.".format(
+            lo.index,
+            lo.rank,
+            gib(free(lo)),
+            "free or held by other processes" if beside else "free",
+            hi.index,
+            hi.rank,
+            gib(free(hi)),
+            gib(spread),
+            cost,
+        ),
+        bytes=spread,
+        evidence=("nvmlDeviceGetMemoryInfo_v2 free, GPUs {} and {}".format(lo.index, hi.index),),
+    )
 
 
 def concurrency_bound(ctx: "Context") -> Iterator[Finding]:
@@ -422,18 +473,22 @@ def concurrency_bound(ctx: "Context") -> Iterator[Finding]:
     at_n = t // n
     if at_n < r:
         bound = "KV tokens"
-        title = ("KV tokens bound concurrency: {:,} tokens hold {:,} requests of {:,} tokens, below the {:,} "
-                 "request slots").format(t, at_n, n, r)
+        title = (
+            "KV tokens bound concurrency: {:,} tokens hold {:,} requests of {:,} tokens, below the {:,} request slots"
+        ).format(t, at_n, n, r)
     else:
         bound = "request slots"
-        title = ("Request slots bound concurrency: max_running_requests {:,} < {:,} requests of {:,} tokens the "
-                 "KV pool holds").format(r, at_n, n)
-    detail = ("max_total_num_tokens {:,}, max_running_requests {:,}, context_len {:,} ({}). At context_len, "
-              "{} full-length request(s) fit at once{}; at {:,} tokens per request (--request-tokens), {:,}. "
-              "Bound: {}.").format(t, r, c, s.source, full,
-                                   " — not even one" if full == 0 else "", n, min(r, at_n), bound)
+        title = (
+            "Request slots bound concurrency: max_running_requests {:,} < {:,} requests of {:,} tokens the "
+            "KV pool holds"
+        ).format(r, at_n, n)
+    detail = (
+        "max_total_num_tokens {:,}, max_running_requests {:,}, context_len {:,} ({}). At context_len, "
+        "{} full-length request(s) fit at once{}; at {:,} tokens per request (--request-tokens), {:,}. "
+        "Bound: {}."
+    ).format(t, r, c, s.source, full, " — not even one" if full == 0 else "", n, min(r, at_n), bound)
     sev = "warning" if full == 0 or bound == "KV tokens" else "info"
-    yield Finding("concurrency_bound", sev, title, detail, None, (s.source,))
+    yield Finding(code="concurrency_bound", severity=sev, title=title, detail=detail, evidence=(s.source,))
 
 
 def with_live_load(ctx: "Context", base: Finding) -> Finding:
@@ -451,11 +506,16 @@ def with_live_load(ctx: "Context", base: Finding) -> Finding:
     url = http.url
     queued = metrics.get(model.load.queued, 0)
     sev = "warning" if queued > 0 or base.severity == "warning" else "info"
-    return replace(base, severity=sev, detail=base.detail + " Live ({}/metrics): {}.".format(url, ", ".join(live)),
-                   evidence=base.evidence + ("{}/metrics".format(url),))
+    return replace(
+        base,
+        severity=sev,
+        detail=base.detail + " Live ({}/metrics): {}.".format(url, ", ".join(live)),
+        evidence=base.evidence + ("{}/metrics".format(url),),
+    )
 
 
 # --- processes (live only) -----------------------------------------------------------------
+
 
 def foreign_gpu_process(ctx: "Context") -> Iterator[Finding]:
     insp = ctx.live
@@ -471,31 +531,47 @@ def foreign_gpu_process(ctx: "Context") -> Iterator[Finding]:
             model = engine_model(ctx)
             cost = model.foreign_cost(ctx, p, len(engine_gpus), cell) if on_engine and model is not None else ""
             who = ", ".join(x for x in ("user " + p.user if p.user else "", p.container or "") if x)
-            yield Finding("foreign_gpu_process", "warning" if on_engine else "info",
-                          "PID {} ({}) holds {} on GPU {}{}".format(
-                              p.pid, p.name, gib(p.used_bytes), g.index,
-                              ", beside engine rank " + g.rank if on_engine and g.rank else ""),
-                          "{}A process that is not this engine's uses GPU memory.{}".format(
-                              who + ". " if who else "", cost),
-                          p.used_bytes, ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index),
-                                         "/proc/{}/cmdline".format(p.pid)))
+            yield Finding(
+                code="foreign_gpu_process",
+                severity="warning" if on_engine else "info",
+                title="PID {} ({}) holds {} on GPU {}{}".format(
+                    p.pid,
+                    p.name,
+                    gib(p.used_bytes),
+                    g.index,
+                    ", beside engine rank " + g.rank if on_engine and g.rank else "",
+                ),
+                detail="{}A process that is not this engine's uses GPU memory.{}".format(
+                    who + ". " if who else "", cost
+                ),
+                bytes=p.used_bytes,
+                evidence=(
+                    "nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index),
+                    "/proc/{}/cmdline".format(p.pid),
+                ),
+            )
 
 
 def orphaned_gpu_memory(ctx: "Context") -> Iterator[Finding]:
     for g in ctx.live.gpus if ctx.live else ():
         for p in g.processes:
             if p.owner is Owner.ORPHANED:
-                yield Finding("orphaned_gpu_memory", "error",
-                              "{} on GPU {} is held by PID {}, which does not exist".format(
-                                  gib(p.used_bytes) if p.used_bytes is not None else "memory", g.index, p.pid),
-                              "NVML still charges memory to a process /proc does not have: a leaked CUDA context "
-                              "(find holders with `lsof /dev/nvidia*`), or a process in another PID namespace "
-                              "when kvforensics runs inside a container.", p.used_bytes,
-                              ("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index),
-                               "/proc/{}".format(p.pid)),
-                              proof="NVML charges {} on GPU {} to PID {}; /proc/{} does not exist".format(
-                                  gib(p.used_bytes), g.index, p.pid, p.pid),
-                              action="find the holder with `lsof /dev/nvidia*` and end it (or reboot)")
+                yield Finding(
+                    code="orphaned_gpu_memory",
+                    severity="error",
+                    title="{} on GPU {} is held by PID {}, which does not exist".format(
+                        gib(p.used_bytes) if p.used_bytes is not None else "memory", g.index, p.pid
+                    ),
+                    detail="NVML still charges memory to a process /proc does not have: a leaked CUDA context "
+                    "(find holders with `lsof /dev/nvidia*`), or a process in another PID namespace "
+                    "when kvforensics runs inside a container.",
+                    bytes=p.used_bytes,
+                    evidence=("nvmlDeviceGetComputeRunningProcesses(GPU {})".format(g.index), "/proc/{}".format(p.pid)),
+                    proof="NVML charges {} on GPU {} to PID {}; /proc/{} does not exist".format(
+                        gib(p.used_bytes), g.index, p.pid, p.pid
+                    ),
+                    action="find the holder with `lsof /dev/nvidia*` and end it (or reboot)",
+                )
 
 
 def other_pid_namespace(ctx: "Context") -> Iterator[Finding]:
@@ -506,13 +582,17 @@ def other_pid_namespace(ctx: "Context") -> Iterator[Finding]:
         return
     gpus = sorted({g.index for g, _ in held})
     total = sum(p.used_bytes or 0 for _, p in held)
-    yield Finding("pid_namespace", "info",
-                  "{} GPU process(es) holding {} are in another PID namespace".format(len(held), gib(total)),
-                  "kvforensics runs in a PID namespace of its own (a container) and NVML reports host PIDs, which "
-                  "its /proc cannot show: they are not leaks. On GPU(s) {} their memory is counted as one item; to "
-                  "split it by process and map ranks, run kvforensics on the host (or with the host's PID namespace, "
-                  "e.g. docker --pid=host).".format(", ".join(map(str, gpus))),
-                  total, ("/proc/self/ns/pid",))
+    yield Finding(
+        code="pid_namespace",
+        severity="info",
+        title="{} GPU process(es) holding {} are in another PID namespace".format(len(held), gib(total)),
+        detail="kvforensics runs in a PID namespace of its own (a container) and NVML reports host PIDs, which "
+        "its /proc cannot show: they are not leaks. On GPU(s) {} their memory is counted as one item; to "
+        "split it by process and map ranks, run kvforensics on the host (or with the host's PID namespace, "
+        "e.g. docker --pid=host).".format(", ".join(map(str, gpus))),
+        bytes=total,
+        evidence=("/proc/self/ns/pid",),
+    )
 
 
 def other_engines(ctx: "Context") -> Iterator[Finding]:
@@ -525,8 +605,17 @@ def other_engines(ctx: "Context") -> Iterator[Finding]:
         pids = set(e.pids)
         gpus = sorted({g.index for g in insp.gpus for p in g.processes if p.pid in pids})
         model = e.server_args.get("model_path") or e.server_args.get("model") or "?"
-        parts.append("{} on port {} ({}, {} worker process(es), on GPU {})".format(
-            display(e.kind, e.kind), e.port, model, len(e.workers), ",".join(map(str, gpus)) or "none"))
-    yield Finding("other_engines", "info", "{} more inference server(s) on this node".format(len(servers)),
-                  "Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
-                      insp.engine or "none", "; ".join(parts)), None, ("/proc/*/cmdline",))
+        parts.append(
+            "{} on port {} ({}, {} worker process(es), on GPU {})".format(
+                display(e.kind, e.kind), e.port, model, len(e.workers), ",".join(map(str, gpus)) or "none"
+            )
+        )
+    yield Finding(
+        code="other_engines",
+        severity="info",
+        title="{} more inference server(s) on this node".format(len(servers)),
+        detail="Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
+            insp.engine or "none", "; ".join(parts)
+        ),
+        evidence=("/proc/*/cmdline",),
+    )
