@@ -75,10 +75,15 @@ def _med(rows: List[Tuple], k: int) -> float:
 
 
 def analyze(trees: List[Path]) -> List[Tuple[float, float]]:
+    """Each tree's (wall, CPU) medians, then the bare interpreter's, run in the same alternation (the peer)."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="")
     for tree in trees:  # warm the bytecode caches and the page cache
         _measure([sys.executable, "-m", "agent", "analyze", str(LOG), "--json"], tree, env)
-    res = _side_by_side(trees, [sys.executable, "-m", "agent", "analyze", str(LOG), "--json"], env, RUNS)
+    res: List[List[Tuple]] = [[] for _ in trees] + [[]]
+    for _ in range(RUNS):
+        for i, tree in enumerate(trees):
+            res[i].append(_measure([sys.executable, "-m", "agent", "analyze", str(LOG), "--json"], tree, env))
+        res[-1].append(_measure([sys.executable, "-c", "pass"], ROOT, env))
     return [(_med(r, 0), _med(r, 1)) for r in res]
 
 
@@ -150,6 +155,8 @@ def main() -> int:
                                                                                            a[1][0] / a[0][0]),
         "| `analyze SEED_LOG --json` CPU (user + sys) | {:.3f} s | {:.3f} s | {:.2f} |".format(a[0][1], a[1][1],
                                                                                              a[1][1] / a[0][1]),
+        "| `analyze` ÷ `python -c pass` ({:.3f} s wall, {:.3f} s CPU), wall | {:.1f}× | {:.1f}× | |".format(
+            a[2][0], a[2][1], a[0][0] / a[2][0], a[1][0] / a[2][0]),
         "| `record` on the 8-GPU fake node, CPU per run | {:.3f} s | {:.3f} s | {:.2f} |".format(r[0][0], r[1][0],
                                                                                               r[1][0] / r[0][0]),
         "| `record` peak RSS | {:.0f} MB | {:.0f} MB | {:.2f} |".format(r[0][1] / 1e6, r[1][1] / 1e6,
