@@ -144,6 +144,9 @@ def _plain(annotation: Any, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         return int(value) if isinstance(value, str) and _INT.match(value) else _PYDANTIC
+    if annotation == List[str]:  # a variadic argument (inspect's HOST…): click hands a tuple of str
+        return list(value) if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value) \
+            else _PYDANTIC
     if annotation is float:
         if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
             return float(value)
@@ -195,8 +198,9 @@ def _fast_coercion(command: Any) -> None:
 def _fast_param(param: Any, build_runtime_param: Any) -> None:
     desc = getattr(param, "type_descriptor", None)
     info = getattr(desc, "parameter_info", None)
-    if (desc is None or info is None or not hasattr(param, "_runtime_param") or param.nargs != 1
-            or param.multiple or desc.annotation not in (str, int, float, bool)
+    variadic = param.nargs == -1 and desc is not None and desc.annotation == List[str]
+    if (desc is None or info is None or not hasattr(param, "_runtime_param") or (param.nargs != 1 and not variadic)
+            or param.multiple or (desc.annotation not in (str, int, float, bool) and not variadic)
             or getattr(desc, "file_annotation", None) is not None
             or any(getattr(info, k, None) is not None for k in ("parser", "click_type", "min", "max"))):
         return

@@ -219,6 +219,8 @@ def _check_pod(name: str) -> None:
 
 
 def _check_context(context: Optional[str]) -> None:
+    if context is None:  # nothing to check: kubectl's module (and the probe it ships) is not loaded
+        return
     from agent.remote.kubectl import check_context
 
     try:
@@ -376,12 +378,15 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
     """JSON, or the fleet table (several targets) and the reports: one target's on one screen, or in
     full with --detail (several targets: each in full with --detail); then, on stderr, the targets
     that failed or gave nothing."""
-    from reports.terminal import render_oneline, sort_results
+    if settings.sort is not None:  # the terminal renderer's module: JSON without --sort does not load it
+        from reports.terminal import sort_results
 
-    results = sort_results(results, settings.sort)
+        results = sort_results(results, settings.sort)
     inspections = _inspections(results)
     shown = inspections if settings.detail or len(results) == 1 else []  # one host: its report, short or full
     if settings.fmt == "oneline":
+        from reports.terminal import render_oneline
+
         sys.stdout.write(render_oneline(results))
     elif settings.fmt == "json":
         from reports import json_report
