@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 HEAVY = (
@@ -37,15 +39,53 @@ sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
 """
 
 
-def _modules(*args: str) -> set:
+def _modules(*args: str, env=None) -> set:
     proc = subprocess.run([sys.executable, "-c", _PROBE] + list(args), cwd=str(ROOT), capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
     line = next(x for x in proc.stderr.splitlines() if x.startswith("MODULES "))
     return set(json.loads(line[len("MODULES "):])), proc.stdout
 
 
-def _heavy(modules: set) -> list:
-    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+def _heavy(modules: set, heavy=HEAVY) -> list:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in heavy))
+
+
+# `record` from cron (bench/bench_record.py, 2026-12-01): it uses sqlite3 (the history) and writes the textfile
+# with the standard library (reports/prometheus.py); it re-checks the startup its history keeps with the stdlib
+# check (agent/model/schema_lite.py), so a valid one costs no jsonschema; nothing of SSH, kubectl or rendering.
+RECORD_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "agent.cli.record"))
+# Local `inspect --json`: sqlite3 reads the history record keeps; remote targets' modules only with remote targets
+# (agent.remote.targets, which names them, is light), a renderer only for its format.
+INSPECT_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "agent.cli.inspect", "agent.remote")) + (
+    "agent.remote.fleet", "agent.remote.ssh", "agent.remote.kubectl", "agent.remote.probe", "agent.remote.bundles",
+    "concurrent.futures")
+
+
+@pytest.fixture(scope="module")
+def fake_node(tmp_path_factory):
+    from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
+
+    build_fake_nvml()
+    with FakeNode(tmp_path_factory.mktemp("import-cost-node")) as node:
+        yield node, str(FAKE_LIB)
+
+
+def test_record_imports_nothing_heavy(fake_node, tmp_path):
+    node, lib = fake_node
+    prom = tmp_path / "k.prom"
+    for _ in range(2):  # the second run re-reads the startup the first one kept in the history
+        modules, _ = _modules("record", "--db", str(tmp_path / "h.db"), "--prom-file", str(prom), "--nvml-lib", lib,
+                              "--no-http", "--quiet", env=node.env())
+        assert "kvforensics_gpu_memory_free_bytes{" in prom.read_text()  # it did its job
+        assert _heavy(modules, RECORD_HEAVY) == []
+
+
+def test_local_inspect_json_imports_nothing_heavy(fake_node, tmp_path):
+    node, lib = fake_node
+    env = dict(node.env(), KVFORENSICS_DB=str(tmp_path / "none.db"))
+    modules, out = _modules("inspect", "--json", "--nvml-lib", lib, "--no-http", "--fail-on", "never", env=env)
+    assert json.loads(out)["targets"][0]["status"] == "ok"
+    assert _heavy(modules, INSPECT_HEAVY) == []
 
 
 def test_analyze_json_imports_nothing_heavy():
