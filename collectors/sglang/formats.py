@@ -61,8 +61,11 @@ def _find(pattern: "re.Pattern[str]", text: str) -> Optional[str]:
     return m.group(1) if m else None
 
 
+_DIGITS = re.compile(r"\d+")
+
+
 def _int_list(text: str) -> Tuple[int, ...]:
-    values = re.findall(r"\d+", text)
+    values = _DIGITS.findall(text)
     if len(values) > 4096:
         raise Implausible("{} batch sizes".format(len(values)))
     return tuple(_count(x) for x in values)
