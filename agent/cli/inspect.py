@@ -343,8 +343,8 @@ def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -
     from agent.model.reconcile import inspect_snapshot
 
     try:
-        snap = _kept_startup(settings, target, snap)
-        return inspect_snapshot(snap, target, settings.opts, history=_recorded(settings, target, snap))
+        snap, recorded = _local_history(settings, target, snap)
+        return inspect_snapshot(snap, target, settings.opts, history=recorded)
     except EvidenceError as exc:
         return TargetFailure(target, "error", "snapshot.invalid", "the snapshot is not valid: {}".format(exc))
     except Exception as exc:  # noqa: BLE001 — a lying host must not take the fleet run down
@@ -354,24 +354,16 @@ def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -
                              "analysing this host's snapshot failed: {}: {}".format(type(exc).__name__, exc))
 
 
-def _recorded(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Optional[RunStats]:
-    """This machine's history from `kvforensics record`, if any; it only describes the machine it ran on."""
+def _local_history(settings: InspectSettings, target: str,
+                   snap: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[RunStats]]:
+    """On this machine, from `kvforensics record`'s history (if any; it only describes the machine it ran on):
+    the startup its engine run's log no longer holds, as record kept it, and the run's recorded samples."""
     if not target.startswith("local:"):
-        return None
+        return snap, None
     from agent.history import store as history_mod
-    from agent.history.record import current_stats
+    from agent.history.record import local_history
 
-    return current_stats(settings.db or history_mod.default_path(), snap)
-
-
-def _kept_startup(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Dict[str, Any]:
-    """On this machine, the startup its engine run's log no longer holds, as `kvforensics record` kept it."""
-    if not target.startswith("local:"):
-        return snap
-    from agent.history import store as history_mod
-    from agent.history.record import kept_startup
-
-    return kept_startup(settings.db or history_mod.default_path(), snap)
+    return local_history(settings.db or history_mod.default_path(), snap)
 
 
 def _render(settings: InspectSettings, results: List[Result]) -> None:

@@ -261,11 +261,6 @@ def _replaces(e: EngineRecord, r: history.RecentRun) -> bool:
     return same and e.stats.first_seen >= r.last_seen
 
 
-def kept_startup(db_path: str, snap: Dict[str, Any]) -> Dict[str, Any]:
-    """``with_kept_startup`` from the history at ``db_path``, read-only (inspect on the node)."""
-    return _read_only(db_path, lambda conn: with_kept_startup(conn, snap), snap)
-
-
 def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunStats]:
     """The recorded history of the engine run ``snap`` belongs to, if any (read-only)."""
     def read(conn: sqlite3.Connection) -> Optional[history.RunStats]:
@@ -273,6 +268,17 @@ def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunSta
         return history.run_stats(conn, rid) if rid is not None else None
 
     return _read_only(db_path, read, None)
+
+
+def local_history(db_path: str, snap: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[history.RunStats]]:
+    """``kept_startup`` and then ``current_stats`` of what it gives, over one opening of the history (inspect
+    on the node: each opening checks the file, quick_check included, which grows with the history)."""
+    def read(conn: sqlite3.Connection) -> Tuple[Dict[str, Any], Optional[history.RunStats]]:
+        looked = with_kept_startup(conn, snap)
+        rid = history.run_id_for(conn, run_key(looked))
+        return looked, history.run_stats(conn, rid) if rid is not None else None
+
+    return _read_only(db_path, read, (snap, None))
 
 
 def _read_only(db_path: str, read: Callable[[sqlite3.Connection], Any], default: Any) -> Any:
