@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.history import store as history
 from agent.model.live import Inspection, Owner
-from agent.model.reconcile import inspect_snapshot
+from agent.model.reconcile import inspect_snapshot, with_history
 from agent.model.records import Options
 from agent.plugin import ENGINES
 from collectors.snapshot import engine_kind, selected_engine
@@ -231,7 +231,7 @@ def _with_history(conn: sqlite3.Connection, insp: Inspection, run_id: int, targe
                   run_min: Dict[int, int]) -> EngineRecord:
     """Findings and recommendations now rest on the run's history, not only the last look."""
     stats = history.run_stats(conn, run_id)
-    insp = inspect_snapshot(insp.snapshot, target, opts, history=stats)  # already typed
+    insp = with_history(insp, stats)
     return EngineRecord(inspection=insp, stats=stats, run_min=run_min)
 
 

@@ -157,7 +157,18 @@ def inspect_snapshot(snap: Union[Dict[str, Any], Snapshot], target: str, opts: O
     rule book over it. ``history``: the current engine run's recorded samples; recommendations
     then rest on the run's low-water free memory instead of one look."""
     typed = snap if isinstance(snap, Snapshot) else evidence.parse(snap)
-    insp = reconcile(typed, target, opts, history)
+    return _judged(reconcile(typed, target, opts, history))
+
+
+def with_history(insp: Inspection, history: Any) -> Inspection:
+    """``inspect_snapshot`` of the same snapshot with the engine run's history (record, after its sample):
+    the rule book judges again; the ledger and the startup's analysis are reused, as the history changes
+    neither (reconcile only carries it), so the startup is not parsed and analysed a second time."""
+    return _judged(replace(insp, history=history, findings=(), recommendations=(), verdict=None))
+
+
+def _judged(insp: Inspection) -> Inspection:
+    """The rule book's findings, recommendations and verdict over a reconciled inspection."""
     ctx = rulebook.Context.on_node(insp)
     findings, recommendations = rulebook.findings(ctx), rulebook.recommendations(ctx)
     return replace(insp, findings=tuple(findings), recommendations=tuple(recommendations),
