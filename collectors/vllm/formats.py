@@ -62,8 +62,8 @@ def _row(name: str, kind: str, needle: str, pattern: str, extract, *clues, anywh
                       clues=tuple(clues), anywhere=anywhere)
 
 
-_FOUR_PLACES = re.compile(r"^Model loading took \d+\.\d{4} GiB and ")
-_IN_SECONDS = re.compile(r"warmup model\) took \d+(?:\.\d+)? seconds")
+_FOUR_PLACES = Lazy(r"^Model loading took \d+\.\d{4} GiB and ")
+_IN_SECONDS = Lazy(r"warmup model\) took \d+(?:\.\d+)? seconds")
 
 
 def _has(word: str):  # type: ignore[no-untyped-def]
@@ -105,7 +105,7 @@ def _blocks(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"gpu_blocks": count(m.group("gpu")), "cpu_blocks": count(m.group("cpu")), "device": m.group("dev")}
 
 
-_CONC = re.compile(r"Maximum concurrency for (" + _INT + r") tokens per request: (" + _NUM + r")x")
+_CONC = Lazy(r"Maximum concurrency for (" + _INT + r") tokens per request: (" + _NUM + r")x")
 
 
 def _concurrency_of(msg: str) -> Optional[Dict[str, Any]]:
@@ -135,7 +135,7 @@ def _graph_pool(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"graph_bytes": gib(m.group(1)), "estimate_bytes": gib(m.group(2))}
 
 
-_FROM_TO = re.compile(r"from (\d\.\d+) to (\d\.\d+)")
+_FROM_TO = Lazy(r"from (\d\.\d+) to (\d\.\d+)")
 
 
 def _advisory_019(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -154,18 +154,18 @@ def _advisory_off(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
             "suggested_utilization": _fraction(ft.group(2)) if ft else None}
 
 
-_CONSUMED = re.compile(r"Actual usage is (" + _NUM + r") GiB for consumed memory")
-_OLD_USAGE = re.compile(r"Actual usage is (" + _NUM + r") GiB for weight, (" + _NUM + r") GiB for peak activation, ("
+_CONSUMED = Lazy(r"Actual usage is (" + _NUM + r") GiB for consumed memory")
+_OLD_USAGE = Lazy(r"Actual usage is (" + _NUM + r") GiB for weight, (" + _NUM + r") GiB for peak activation, ("
                         + _NUM + r") GiB for non-torch memory")
 # A searched pattern that starts with a number starts only where a number does: without the
 # lookbehind, every digit of a long run of digits is a start that reads to the run's end (quadratic).
 _NUM_START = r"(?<![\d.])"
-_PEAK = re.compile(_NUM_START + r"(" + _NUM + r") GiB for peak activation")
-_CG = re.compile(_NUM_START + r"(" + _NUM + r") GiB for CUDAGraph memory")
-_IN_USE = re.compile(r"Current kv cache memory in use is (" + _NUM + r") GiB")
+_PEAK = Lazy(_NUM_START + r"(" + _NUM + r") GiB for peak activation")
+_CG = Lazy(_NUM_START + r"(" + _NUM + r") GiB for CUDAGraph memory")
+_IN_USE = Lazy(r"Current kv cache memory in use is (" + _NUM + r") GiB")
 
 
-def _find(p: "re.Pattern[str]", text: str) -> Optional[str]:
+def _find(p: Lazy, text: str) -> Optional[str]:
     m = p.search(text)
     return m.group(1) if m else None
 
@@ -204,10 +204,10 @@ def _frame(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"path": m.group("path"), "func": m.group("func")}
 
 
-_CFG_LEN = re.compile(r"\bmax_seq_len=(\d+)")
-_CFG_DTYPE = re.compile(r"\bkv_cache_dtype=([\w.]+)")
-_CFG_TP = re.compile(r"\btensor_parallel_size=(\d{1,4})\b")
-_CFG_PP = re.compile(r"\bpipeline_parallel_size=(\d{1,4})\b")
+_CFG_LEN = Lazy(r"\bmax_seq_len=(\d+)")
+_CFG_DTYPE = Lazy(r"\bkv_cache_dtype=([\w.]+)")
+_CFG_TP = Lazy(r"\btensor_parallel_size=(\d{1,4})\b")
+_CFG_PP = Lazy(r"\bpipeline_parallel_size=(\d{1,4})\b")
 
 
 def _engine_config(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -216,11 +216,11 @@ def _engine_config(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
             "pipeline_parallel_size": count(_find(_CFG_PP, msg))}
 
 
-_ARG_UTIL = re.compile(r"(?:--gpu-memory-utilization[= ]|'gpu_memory_utilization': )(\d?\.\d+|1|0)\b")
-_ARG_LEN = re.compile(r"(?:--max-model-len[= ]|'max_model_len': )(\d+)")
-_ARG_DTYPE = re.compile(r"(?:--kv-cache-dtype[= ]|'kv_cache_dtype': ')([\w.]+)")
-_ARG_TP = re.compile(r"(?:(?:--tensor-parallel-size|-tp)[= ]|'tensor_parallel_size': )(\d{1,4})\b")
-_ARG_KV_BYTES = re.compile(r"(?:--kv-cache-memory(?:-bytes)?[= ]|'kv_cache_memory_bytes': )'?([\w.]{1,24})")
+_ARG_UTIL = Lazy(r"(?:--gpu-memory-utilization[= ]|'gpu_memory_utilization': )(\d?\.\d+|1|0)\b")
+_ARG_LEN = Lazy(r"(?:--max-model-len[= ]|'max_model_len': )(\d+)")
+_ARG_DTYPE = Lazy(r"(?:--kv-cache-dtype[= ]|'kv_cache_dtype': ')([\w.]+)")
+_ARG_TP = Lazy(r"(?:(?:--tensor-parallel-size|-tp)[= ]|'tensor_parallel_size': )(\d{1,4})\b")
+_ARG_KV_BYTES = Lazy(r"(?:--kv-cache-memory(?:-bytes)?[= ]|'kv_cache_memory_bytes': )'?([\w.]{1,24})")
 
 
 def _args(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
