@@ -5,7 +5,8 @@ Measured with ``python -X importtime`` (bench/RESULTS.md, 2026-12-01): typer's p
 stdlib; rich (~30 ms) draws help and tracebacks nobody sees in JSON; jsonschema (~40 ms with its
 referencing/rpds stack) checks documents analyze does not read; paramiko/cryptography (SSH),
 prometheus_client, sqlite3 (history) and the other commands' modules belong to inspect, record and
-serve. No timing here (timings live in bench/): the list is what must not load.
+serve. No timing here (timings live in bench/): the list is what must not load. `record` and local
+`inspect --json` on the 8-GPU fake node have their own lists (issue 21), drawn from the same one.
 """
 
 from __future__ import annotations
