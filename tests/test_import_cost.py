@@ -51,10 +51,10 @@ def _heavy(modules: set, heavy=HEAVY) -> list:
     return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in heavy))
 
 
-# `record` from cron (bench/bench_record.py, 2026-12-01): it uses sqlite3 (the history) and writes the textfile
-# with the standard library (reports/prometheus.py); it re-checks the startup its history keeps with the stdlib
-# check (agent/model/schema_lite.py), so a valid one costs no jsonschema; nothing of SSH, kubectl or rendering.
-RECORD_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "agent.cli.record"))
+# `record` from cron (bench/bench_record.py, 2026-12-01): sqlite3 (the history) and prometheus_client (the
+# textfile) are its job; it checks a startup its history keeps only when its log no longer holds one, so a run
+# whose log does costs no jsonschema; nothing of SSH, kubectl or rendering.
+RECORD_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "prometheus_client", "agent.cli.record"))
 # Local `inspect --json`: sqlite3 reads the history record keeps; remote targets' modules only with remote targets
 # (agent.remote.targets, which names them, is light), a renderer only for its format.
 INSPECT_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "agent.cli.inspect", "agent.remote")) + (
@@ -74,7 +74,7 @@ def fake_node(tmp_path_factory):
 def test_record_imports_nothing_heavy(fake_node, tmp_path):
     node, lib = fake_node
     prom = tmp_path / "k.prom"
-    for _ in range(2):  # the second run re-reads the startup the first one kept in the history
+    for _ in range(2):  # the second run finds the history (and the startup) the first one kept
         modules, _ = _modules("record", "--db", str(tmp_path / "h.db"), "--prom-file", str(prom), "--nvml-lib", lib,
                               "--no-http", "--quiet", env=node.env())
         assert "kvforensics_gpu_memory_free_bytes{" in prom.read_text()  # it did its job

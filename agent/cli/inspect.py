@@ -42,6 +42,7 @@ from agent.cli.options import (
     terminal_width,
     use_color,
 )
+from agent.model.evidence import Collected
 from agent.model.live import Inspection, TargetFailure, TargetResult
 
 if TYPE_CHECKING:
@@ -272,7 +273,8 @@ def _collect_targets(names: List[str], settings: InspectSettings) -> List[Entry]
     entries = []
     for name in names:
         if name in LOCAL_NAMES:
-            snap = snapshot.collect(**settings.probe_options())
+            # this process's own collectors: typed without the schema check (evidence.Collected, as record does)
+            snap = Collected(snapshot.collect(**settings.probe_options()))
             entries.append(("local:{}".format(snap.get("hostname")), snap, None))
         else:
             entries.append(by_name[name].pop(0))  # a host named twice was inspected twice: take them in turn

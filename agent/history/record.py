@@ -134,7 +134,8 @@ def record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Opti
 def _record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, samples: int,
             interval_s: float, keep_s: Optional[float], target: str, port: Optional[int]) -> RecordResult:
     first = collect()  # its engine runs' rows are read before anything is written (open_db)
-    opened = history.open_db(db_path, run_keys=[run_key(s) for s in first])
+    opened = history.open_db(db_path, run_keys=[run_key(s) for s in first],
+                             startup_keys=[run_key(s) for s in first if wants_kept_startup(s)])
     conn = opened.conn
     run_min: Dict[int, int] = {}
     looked: List[Tuple[Inspection, int]] = []
@@ -183,14 +184,20 @@ def _from_the_log(snap: Dict[str, Any], restored: Dict[str, Any]) -> bool:
     return bool(log.get("lines")) and restored is snap and selected_engine(snap) is not None
 
 
+def wants_kept_startup(snap: Dict[str, Any]) -> bool:
+    """The snapshot's engine log holds no startup now: the one kept for its run stands in (with_kept_startup)."""
+    log = snap.get("engine_log") or {}
+    return not log.get("lines") and selected_engine(snap) is not None
+
+
 def with_kept_startup(conn: sqlite3.Connection, snap: Dict[str, Any]) -> Dict[str, Any]:
     """``snap``, with the startup its engine run's log held when it no longer does (a log rotated with
     copytruncate, truncated, or a container log rotated away): the lines kept in the history for this run,
     as the snapshot's engine_log section held them. Facts read at startup (the KV pool, the budget) hold
     for the whole run; a new run (a restart) reads its own startup."""
-    log = snap.get("engine_log") or {}
-    if log.get("lines") or selected_engine(snap) is None:
+    if not wants_kept_startup(snap):
         return snap
+    log = snap.get("engine_log") or {}
     rid = history.run_id_for(conn, run_key(snap))
     kept = history.startup(conn, rid) if rid is not None else None
     if kept is None:

@@ -27,7 +27,7 @@ import sqlite3
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import quote
 
 APP_ID = 0x4B564653  # "KVFS" in PRAGMA application_id: tells our files from others
@@ -355,18 +355,19 @@ def _layout_problem(found: Layout, version: int) -> Optional[str]:
 
 # --- opening -------------------------------------------------------------------------------
 
-def open_db(path: str, create: bool = True, run_keys: Sequence[str] = ()) -> Opened:
+def open_db(path: str, create: bool = True, run_keys: Sequence[str] = (), startup_keys: Sequence[str] = ()) -> Opened:
     """Open (and, for record, create or migrate) our history. Not ours: Refused, untouched. Ours but
     damaged: Corrupt, or with ``create`` moved aside (never overwritten: as it was, before any write)
     and a new one started. ``run_keys``: the engine runs record is about to write (one per engine); what
-    it will read of the history is read first."""
+    it will read of the history is read first: their figures, and the startups kept for ``startup_keys``
+    (the runs whose log no longer holds theirs; a startup record will not read is not checked on every run)."""
     kind = claim(path)
     if not create and kind in (MISSING, EMPTY):
         raise HistoryError("{}: no history yet (kvforensics record creates it)".format(path))
     if create:
         _ensure_folder(path)
     try:
-        conn = _connect(path, kind, create, tuple(run_keys))
+        conn = _connect(path, kind, create, tuple(run_keys), frozenset(startup_keys))
     except Corrupt as exc:
         if kind not in (OURS, UNSTAMPED):  # an empty SQLite file that fails is nobody's history we know
             raise _left(path, "is an SQLite file kvforensics cannot use ({})".format(exc.why)) from None
@@ -393,7 +394,8 @@ def _ensure_folder(path: str) -> None:
         raise HistoryError("{} is not writable (use --db PATH or KVFORENSICS_DB)".format(folder))
 
 
-def _connect(path: str, kind: str, create: bool, run_keys: Tuple[str, ...]) -> sqlite3.Connection:
+def _connect(path: str, kind: str, create: bool, run_keys: Tuple[str, ...],
+             startup_keys: FrozenSet[str] = frozenset()) -> sqlite3.Connection:
     """A connection to our history, checked: the header, quick_check, the exact tables, and for record
     the values it will read. All before the first write, so a file moved aside is the file found."""
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
@@ -401,7 +403,7 @@ def _connect(path: str, kind: str, create: bool, run_keys: Tuple[str, ...]) -> s
         conn.text_factory = _text
         version = _check(conn, path, kind, create)
         if create:
-            _read_before_write(conn, run_keys, version)
+            _read_before_write(conn, run_keys, startup_keys, version)
         conn.execute("PRAGMA foreign_keys = ON")
         if create:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -608,17 +610,19 @@ def _newest(conn: sqlite3.Connection, other_than: Sequence[int]) -> Optional[flo
 
 
 @_reading
-def _read_before_write(conn: sqlite3.Connection, run_keys: Tuple[str, ...], version: int) -> None:
+def _read_before_write(conn: sqlite3.Connection, run_keys: Tuple[str, ...], startup_keys: FrozenSet[str],
+                       version: int) -> None:
     """What record will read, read before it writes: the runs (one row per engine run: few) with their
-    labels, every sample's time, and these engine runs' figures and startups (tables of the current
-    schema only: an older one is migrated first)."""
+    labels, every sample's time, these engine runs' figures, and the startups it will use (tables of the
+    current schema only: an older one is migrated first)."""
     if version == 0:
         return  # nothing in it yet
     for key in run_keys if version == SCHEMA_VERSION else ():
         rid = run_id_for(conn, key)
         if rid is not None:
             run_stats(conn, rid)
-            startup(conn, rid)
+            if key in startup_keys:
+                startup(conn, rid)
     for row in conn.execute("SELECT {} FROM runs".format(RUN_COLUMNS)):
         _run_row(row)
     if version == SCHEMA_VERSION:

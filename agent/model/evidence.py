@@ -389,11 +389,12 @@ def _unknown_engines(document: Mapping[str, Any]) -> Tuple[Problem, ...]:
 
 
 class Collected(dict):  # type: ignore[type-arg]
-    """A snapshot this process's own collectors just made (record's and serve's samples, every run).
+    """A snapshot this process's own collectors just made (record's and serve's samples, local inspect).
 
-    ``parse`` types it without the schema check: checking our own code's output on every cron run
-    costs the jsonschema import and a validator (~50–100 ms of CPU) and finds nothing the suite's
-    checks of the same collectors' output (inspect's local snapshots, ``--save``) would not. What
+    ``parse`` types it without the schema check: checking our own code's output on every run costs
+    the jsonschema import and a validator (~50–100 ms of CPU) and finds nothing the suite's checks of
+    the same collectors' output would not (a fake node's ``inspect --save`` read back with ``--from``,
+    and every snapshot the suite sees printed, are checked against the schema). What
     arrives from elsewhere — a probe's answer, a saved file, a bundle — is a plain dict, checked."""
 
 
