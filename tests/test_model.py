@@ -320,3 +320,45 @@ def test_hybrid_sliding_window_pools_are_budgeted_per_full_token(tmp_path):
     assert b["logged_tokens"] == full
     assert "hybrid SWA" in b["bytes_per_token_source"]
     assert b["verdict"] == "agrees", b
+
+
+def test_swakvpool_total_is_the_pool_when_a_fragment_starts_after_its_swa_half(tmp_path):
+    """'SWAKVPool mem usage' prints both halves' sum (SWAKVPool.__init__): it is the rank's pool even
+    when the SWA half's own line is before the excerpt; its full size is the token count."""
+    date = "2025-12-19 07:42:57"
+    lines = ["[{} TP0] KV Cache is allocated. #tokens: 1000, K size: 4.82 GB, V size: 3.21 GB".format(date),
+             "[{} TP0] SWAKVPool mem usage: 77.63 GB, swa size: 800, full size: 1000".format(date),
+             "[{} TP0] Memory pool end. avail mem=22.59 GB".format(date)]
+    t = _analyze(tmp_path, lines)
+    (rank,) = t["startup"]["ranks"]
+    assert rank["kv_bytes"] == gib(77.63) and rank["kv_tokens"] == 1000
+    assert t["startup"]["budget"]["bytes_per_token"] == round(gib(77.63) / 1001)
+
+
+def test_only_the_swa_half_of_a_hybrid_pool_leaves_its_size_unknown(tmp_path):
+    """A fragment cut after the SWA half's KV line: that line's bytes are not the pool's."""
+    date = "2026-01-31 13:50:39"
+    lines = ["[{} TP1] Use sliding window memory pool. full_layer_tokens=375360, swa_layer_tokens=300288".format(date),
+             "[{} TP1] KV Cache is allocated. #tokens: 300288, K size: 8.38 GB, V size: 5.59 GB".format(date)]
+    t = _analyze(tmp_path, lines)
+    (rank,) = t["startup"]["ranks"]
+    assert rank["kv_bytes"] is None and rank["kv_tokens"] == 375360
+    assert t["startup"]["budget"]["bytes_per_token"] is None
+    assert any(p["code"] == "log.kv_pool_half" and "TP1" in p["message"] for p in t["problems"])
+
+
+@pytest.mark.parametrize("mamba, expected", [
+    ("max_mamba_cache_size: 82, conv_state size: 0.13GB, ssm_state size: 7.29GB", "27"),  # 82 // 3
+    ("conv_state size: 0.13 GB, ssm_state size: 7.29 GB", None),  # 0.5.2-0.5.3: pool size not printed
+])
+def test_mamba_pool_caps_the_max_running_requests_advice(tmp_path, mamba, expected):
+    """SGLang clamps max_running_requests to max_mamba_cache_size // 3 (radix cache on): advising the
+    KV pool's 70 would be cut back; without the pool's size the cap is unknown and nothing is advised."""
+    date = "2026-02-27 17:10:28"
+    lines = ["[{} TP0] Mamba Cache is allocated. {}".format(date, mamba),
+             "[{} TP0] KV Cache is allocated. #tokens: 580364, K size: 4.15 GB, V size: 4.15 GB".format(date),
+             "[{} TP0] Memory pool end. avail mem=4.02 GB".format(date),
+             "[{} TP0] max_total_num_tokens=580364, chunked_prefill_size=2048, max_prefill_tokens=16384, "
+             "max_running_requests=1, context_len=8192, available_gpu_mem=3.63 GB".format(date)]
+    recs = [r for r in _analyze(tmp_path, lines)["recommendations"] if r["flag"] == "--max-running-requests"]
+    assert [r["value"] for r in recs] == ([expected] if expected else [])

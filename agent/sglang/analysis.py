@@ -218,6 +218,7 @@ def build_analysis(startup: Startup, target: str, opts: Options, index: Optional
     missing = _missing(attributed, summary, args_ev, died is not None)
     unknown = [e for e in startup.events if e.kind == "unrecognized"]
     problems.extend(_log_problems(attributed, missing, unknown))
+    problems.extend(_swa_half_problems(attributed, ranks))
     return Analysis(target=target, status="ok" if not missing and not unknown else "partial",
                     problems=tuple(problems), era=era, server_args=args,
                     server_args_source=where(args_ev) if args_ev else "", startup_index=index, startup_count=count,
@@ -290,7 +291,9 @@ def _mfs_origin(args_ev: Optional[LogEvent]) -> str:
 def _swa_full_tokens(attributed: Attributed) -> Optional[int]:
     """The full-attention token count of a hybrid sliding-window pool."""
     splits = (e for e in attributed.other if e.kind == "swa_split" and e.data.get("full_tokens"))
-    return next((e.data["full_tokens"] for e in splits), None)
+    # Without the split line (a fragment), 'SWAKVPool mem usage …, full size: F' gives the same F.
+    totals = (e for r in attributed.ranks for e in r.target.all("swa_pool") if e.data.get("full_tokens"))
+    return next((e.data["full_tokens"] for e in (*splits, *totals)), None)
 
 
 def _mla_from_log(attributed: Attributed, page: int) -> Optional[KvGeometry]:
@@ -374,6 +377,16 @@ def _log_problems(attributed: Attributed, missing: List[str], unknown: List[LogE
         problems.append(Problem("log.unrecognized", "{} line(s) carry memory figures in a shape kvforensics does not "
                                 "know, and were not used: {}".format(len(unknown), shown)))
     return problems
+
+
+def _swa_half_problems(attributed: Attributed, ranks: Tuple[RankLedger, ...]) -> List[Problem]:
+    """Ranks whose KV lines are only a hybrid pool's sliding-window half: their pool size is unknown."""
+    pooled = {e.rank for e in attributed.ranks if e.target.has("kv_pool")}
+    half = [r.rank or "untagged" for r in ranks if r.rank in pooled and r.target.kv_bytes is None]
+    if not half:
+        return []
+    return [Problem("log.kv_pool_half", "{}: only the sliding-window half of the hybrid KV pool is in this log (the "
+                    "full-attention half's line is not), so the KV pool's size is unknown".format(", ".join(half)))]
 
 
 def _draft_loaded_first(attributed: Attributed) -> bool:

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 from collectors.events import LogEvent
 from collectors.sglang.startups import Startup
 
-RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "kv_pool",
+RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "kv_pool", "swa_pool",
                 "pool_end", "mamba_pool", "graph_begin", "graph_end", "graph_bs", "post_capture_kv")
 
 
@@ -101,7 +101,7 @@ def _runner_for(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
         return d if t.has(kind) else t  # the second one on a rank is the draft's
     if kind in ("dist_init_end", "load_end"):
         return _end_runner(rank, ev)
-    if kind in ("kv_pool", "pool_end", "mamba_pool"):
+    if kind in ("kv_pool", "swa_pool", "pool_end", "mamba_pool"):
         return _pool_runner(rank, ev)
     return t
 

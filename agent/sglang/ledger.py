@@ -111,8 +111,33 @@ def _kv(figures: _Figures, runner: RunnerEvents, page_size: int, swa_split: Opti
         figures.values["kv_dtype"] = post_capture.data.get("dtype")
         return
     pools = runner.all("kv_pool")
-    if pools:
+    swa_total = runner.first("swa_pool")
+    if swa_total is not None:
+        _kv_swa_total(figures, swa_total, pools)
+    elif pools and all(pool_key(p, swa_split) == "SWA" for p in pools):
+        _kv_swa_half(figures, pools, swa_split)
+    elif pools:
         _kv_pools(figures, pools, page_size, swa_split)
+
+
+def _kv_swa_total(figures: _Figures, total: LogEvent, pools: List[LogEvent]) -> None:
+    """A hybrid sliding-window pool's own total, 'SWAKVPool mem usage: X GB, swa size: S, full size: F',
+    printed after both halves' lines and equal to their sum (SWAKVPool.__init__: get_kv_size_bytes
+    adds the full and SWA pools; memory_pool.py, sglang 0.5.6.post2; swa_memory_pool.py, 0.5.8). It
+    still counts when a fragment starts after the SWA half's line. F is max_total_num_tokens."""
+    figures.put("kv_tokens", total.data.get("full_tokens"), total, "SWAKVPool mem usage, full size")
+    figures.put("kv_bytes", total.data["bytes"], total, "SWAKVPool mem usage (both halves)")
+    if pools:
+        figures.values["kv_dtype"] = pools[0].data.get("dtype")
+
+
+def _kv_swa_half(figures: _Figures, pools: List[LogEvent], swa_split: Optional[LogEvent]) -> None:
+    """Only the sliding-window half's line of a hybrid pool is in the log (the full-attention half's
+    line follows it, SWAKVPool.__init__, swa_memory_pool.py, sglang 0.5.8, and was cut): its bytes are
+    not the pool's, so the size stays unknown; the full-attention count comes from the split line."""
+    split = swa_split.data.get("full_tokens") if swa_split is not None else None
+    figures.put("kv_tokens", split, swa_split, "Use sliding window memory pool, full_layer_tokens")
+    figures.values["kv_dtype"] = pools[0].data.get("dtype")
 
 
 def _kv_pools(figures: _Figures, pools: List[LogEvent], page_size: int, swa_split: Optional[LogEvent]) -> None:

@@ -24,8 +24,9 @@ STAGE_WORDS = {
     "draft": "the draft model", "summary": "the scheduler summary", "unknown": "an unknown stage",
 }
 # The line that shows a stage was reached, per runner event kind.
-_STAGE_OF_KIND = {"dist_init_end": "dist_init", "load_end": "weights", "kv_pool": "kv_pool", "pool_end": "kv_pool",
-                  "graph_begin": "workspaces", "graph_end": "graph_capture", "post_capture_kv": "graph_capture"}
+_STAGE_OF_KIND = {"dist_init_end": "dist_init", "load_end": "weights", "kv_pool": "kv_pool", "swa_pool": "kv_pool",
+                  "pool_end": "kv_pool", "graph_begin": "workspaces", "graph_end": "graph_capture",
+                  "post_capture_kv": "graph_capture"}
 # Where SGLang raises each specific failure (release wheels 0.2.15–0.5.23, sglang_source_facts §8).
 _CAUSE_STAGE = {"cuda_graph_capture_failed": "graph_capture", "not_enough_memory": "kv_pool",
                 "no_kv_budget": "kv_pool", "weights_leave_no_memory": "kv_pool", "unbalanced_memory": "dist_init",
