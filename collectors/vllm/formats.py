@@ -101,6 +101,10 @@ def _available(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"available_kv_bytes": gib(m.group(1))}
 
 
+def _reserved(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"available_kv_bytes": gib(m.group("kv")), "free_bytes": gib(m.group("f")), "explicit_kv": True}
+
+
 def _blocks(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"gpu_blocks": count(m.group("gpu")), "cpu_blocks": count(m.group("cpu")), "device": m.group("dev")}
 
@@ -278,6 +282,14 @@ FORMATS = (
          first(when(lambda d, t: bool(re.search(r": -?\d+\.\d\d GiB", t)), "0.9.1", None,
                     "'Available KV cache memory' (V1 0.9.1+)"),
                always("0.14.0", None, "'Available KV cache memory' printed with format_gib (0.14.0+)"))),
+    # --kv-cache-memory(-bytes) set: profiling skipped, KV = the bytes given (v1/worker/gpu_worker.py
+    # determine_available_memory, 0.10.2: raw float and '{:.2f}GiB', 0.11–0.13 '%.2f GiB', 0.14+ format_gib;
+    # read in the 0.13.0, 0.20.0 and 0.28.0 wheels). "Initial free memory" is init_snapshot.free_memory,
+    # the same figure as the suggestion's "Free memory on device (free/total) on startup".
+    _row("kv_reserved", "available_kv", "memory for KV Cache as specified by kv_cache_memory_bytes",
+         r"^Initial free memory (?P<f>" + _NUM + r") ?GiB, reserved (?P<kv>" + _NUM + r") ?GiB memory for KV Cache "
+         r"as specified by kv_cache_memory_bytes", _reserved,
+         always("0.10.2", None, "'reserved … GiB memory for KV Cache as specified by kv_cache_memory_bytes'")),
     # "# GPU blocks: %d, # CPU blocks: %d" (≤0.6.6), "# CUDA blocks" (0.7.0–0.7.2), "# cuda blocks" (0.7.3–0.10.2),
     # V1 "# GPU blocks: %d" (0.6.4.post1–0.7.3). A markdown paste may eat the "# ".
     _row("blocks", "blocks", " blocks: ",
