@@ -763,3 +763,27 @@ def test_v0_b_comma_separated_profile_of_0_6_5_dev_builds(tmp_path):
           initial_usage_bytes=initial, peak_torch_bytes=peak, post_profile_usage_bytes=post)
     assert t["startup"]["ranks"][0]["gpu_memory_utilization"] == U
     _budget_check_agrees(t, kv)
+
+
+def test_opt_in_mrv2_of_0_12_0_13_is_not_dated_before_0_12(tmp_path):
+    """The opt-in Model Runner V2 of 0.12.0/0.13.0 (VLLM_USE_V2_MODEL_RUNNER=1; v1/worker/gpu/model_runner.py
+    load_model) prints 'Model loading took %.4f GiB and %.6f seconds', the very shape Model Runner V1 printed
+    up to 0.11.0 (gpu_model_runner.py; 0.11.1+ adds 'memory'). From model_runner.py the line bounds the
+    release at 0.13.0, not 0.11.0; 0.13.0 gpu_worker.py still prints 'Available KV cache memory: %.2f GiB'
+    and core.py 'init engine … took %.2f seconds'. V1-c arithmetic (0.11.0–0.13.0: requested = T·u, a plain
+    product; snapshot after NCCL), graphs outside the budget in every era the range allows."""
+    kv = _requested() - (W + A + N)
+    blocks = kv // BLOCK_BYTES
+    weights = "Model loading took {:.4f} GiB and 10.000000 seconds".format(W / GIB)
+    lines = (_lines("[model_runner.py:1{:02d}]", [weights])
+             + _lines("[gpu_worker.py:3{:02d}]", ["Available KV cache memory: {} GiB".format(_f2(kv))])
+             + _lines("[kv_cache_utils.py:{}]", [_tokens_line(blocks * BLOCK_SIZE),
+                                                 _conc_line(blocks / PER_REQUEST_BLOCKS)])
+             + _lines("[model_runner.py:3{:02d}]", [_GRAPH_END]) + _lines("[core.py:{}]", [_INIT_DONE]))
+    t = _log(tmp_path, lines)
+    assert t["engine"]["version_hint"] == "V1 0.9.1–0.13.0"
+    assert t["engine"]["cuda_graphs_in_budget"] is False
+    _rank(t, weights_bytes=W, available_kv_bytes=kv)
+    # the same line from Model Runner V1's file keeps the ≤ 0.11.0 bound
+    v1 = _log(tmp_path, [ln.replace("[model_runner.py:", "[gpu_model_runner.py:") for ln in lines])
+    assert v1["engine"]["version_hint"] == "V1 0.9.1–0.11.0"
