@@ -15,7 +15,10 @@ SHARED_GPU_BYTES = 1 << 30  # used memory at worker start beyond this is more th
 _CAUSE_WORDS = {
     "insufficient_free_memory": "free GPU memory at worker start was below total × gpu_memory_utilization",
     "max_model_len_too_large": "one request of max_model_len does not fit in the KV cache",
-    "no_kv_memory": "weights, activations and non-torch memory took the whole budget (nothing for the KV cache)",
+    # 0.20+ (v1/worker/gpu_worker.py determine_available_memory) also takes the CUDA-graph estimate off the
+    # budget before the KV cache: a huge estimate alone can leave nothing (vllm#53013, corpus entry 41)
+    "no_kv_memory": "weights, activations, non-torch memory and, from 0.20, the CUDA-graph estimate took the whole "
+                    "budget (nothing for the KV cache)",
     "memory_freed_during_profiling": "another process freed GPU memory while vLLM profiled",
     "cuda_out_of_memory": "a CUDA allocation ran out of memory",
     "engine_failed": "the engine core failed to start",
