@@ -321,7 +321,7 @@ class Analysis:
 
     def _graphs_outside_of(self, w: Worker) -> Tuple[int, str]:
         pool, src = w.cuda_graph_bytes or 0, w.sources.get("cuda_graph_bytes", "")
-        if self.era.graphs_inside is not True or self.mrv2_without_estimate():
+        if self.era.graphs_inside is not True or self.estimate_not_applied():
             return pool, "the CUDA graph pool outside the budget ({})".format(src)
         if w.cuda_graph_estimate_bytes is None:
             return 0, ""
@@ -330,6 +330,14 @@ class Analysis:
             return 0, ""
         return beyond, "the CUDA graph pool beyond its estimate ({}; the estimate is inside the budget)".format(
             w.sources.get("cuda_graph_estimate_bytes", src))
+
+    def estimate_not_applied(self) -> bool:
+        """0.20+ with the graph estimate left out of the budget: Model Runner V2 before 0.29, or
+        VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 (gpu_worker.py determine_available_memory subtracts the
+        estimate only with the variable set and otherwise warns 'CUDA graph memory profiling is disabled';
+        read in the 0.27.0 wheel): the whole pool then comes on top of the budget, as before 0.20."""
+        return self.mrv2_without_estimate() or any(e.kind == "graph_advisory" and e.data.get("disabled")
+                                                   for e in self.events)
 
     def mrv2_without_estimate(self) -> bool:
         """Model Runner V2 before 0.29: its weights line lacks 'memory' and prints format_gib, not %.4f
@@ -737,6 +745,11 @@ def _failed_stage(cause: str, events: Tuple[LogEvent, ...], stages: List[str],
         return "unknown", "nothing in the log shows how far it got"
     if not stages:
         return "unknown", "the last stage the log shows (none, {})".format(where(last))
+    if last.kind == "available_kv" and (last.rank or "").startswith(("EngineCore", "Worker")):
+        # V1: the engine core checks the KV config against the model (v1/core/kv_cache_utils.py
+        # get_kv_cache_configs, 0.11–0.31) before it logs 'GPU KV cache size': dying right after the
+        # worker's KV figure is dying in KV planning, not in a graph capture no line shows.
+        return "kv_cache", "the KV figure ({}) with no 'KV cache size' line after it".format(where(last))
     # It died in the stage after the last one the log shows; the latest a startup can die in is graph capture.
     i = STAGES.index(stages[-1])
     return STAGES[min(i + 1, len(STAGES) - 2)], "the last stage the log shows ({}, {})".format(stages[-1], where(last))

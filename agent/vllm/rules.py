@@ -15,7 +15,10 @@ SHARED_GPU_BYTES = 1 << 30  # used memory at worker start beyond this is more th
 _CAUSE_WORDS = {
     "insufficient_free_memory": "free GPU memory at worker start was below total × gpu_memory_utilization",
     "max_model_len_too_large": "one request of max_model_len does not fit in the KV cache",
-    "no_kv_memory": "weights, activations and non-torch memory took the whole budget (nothing for the KV cache)",
+    # 0.20+ (v1/worker/gpu_worker.py determine_available_memory) also takes the CUDA-graph estimate off the
+    # budget before the KV cache: a huge estimate alone can leave nothing (vllm#53013, corpus entry 41)
+    "no_kv_memory": "weights, activations, non-torch memory and, from 0.20, the CUDA-graph estimate took the whole "
+                    "budget (nothing for the KV cache)",
     "memory_freed_during_profiling": "another process freed GPU memory while vLLM profiled",
     "cuda_out_of_memory": "a CUDA allocation ran out of memory",
     "engine_failed": "the engine core failed to start",
@@ -78,6 +81,10 @@ def incomplete_startup(a: Analysis) -> Iterator[Finding]:
 
 
 def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
+    if any(e.data.get("explicit_kv") for e in a.events if e.data):
+        # --kv-cache-memory(-bytes) given: vLLM skips profiling and ignores T·u (gpu_worker.py
+        # determine_available_memory, 0.10.2+ "This does not respect the gpu_memory_utilization config")
+        return
     w = next((x for x in a.ranks if x.gpu_memory_utilization is not None or x.available_kv_bytes is not None), None)
     if w is None:
         return
@@ -96,7 +103,7 @@ def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
     if w.total_gpu_bytes is not None and w.requested_bytes is not None:
         detail += " Here: {} × {:g} = {} ({}).".format(gib(w.total_gpu_bytes), u or 0, gib(w.requested_bytes),
                                                        w.sources.get("requested_bytes", ""))
-    if era.graphs_inside is False:
+    if era.graphs_inside is False or a.estimate_not_applied():
         detail += " CUDA graphs are captured outside it, on top."
     if w.available_kv_bytes is not None:
         detail += " KV cache memory on {}: {}.".format(w.rank or "the worker", gib(w.available_kv_bytes))
@@ -122,18 +129,22 @@ def _budget_proof(w: Worker) -> str:
 
 
 def cudagraph_outside_budget(a: Analysis) -> Iterator[Finding]:
-    if a.era.graphs_inside is not False:
+    unapplied = a.era.graphs_inside is not False and a.estimate_not_applied()
+    if a.era.graphs_inside is not False and not unapplied:
         return
     graphs = [e for e in a.events if e.kind in ("graph_begin", "graph_end", "graph_estimate", "graph_pool")
               or (e.kind == "graph_advisory" and not e.data.get("applied"))]
     if not graphs:
         return
     size = max((w.cuda_graph_bytes or w.cuda_graph_estimate_bytes or 0 for w in a.ranks), default=0) or None
-    detail = ("In this era ({}) vLLM captures CUDA graphs after sizing the KV cache, outside "
+    why = ("the graph estimate is not taken off the budget here (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, or "
+           "Model Runner V2 before 0.29), so vLLM" if unapplied else "In this era ({}) vLLM".format(
+               a.era.hint or "before 0.20.0"))
+    detail = ("{} captures CUDA graphs after sizing the KV cache, outside "
               "total × gpu_memory_utilization, so they come on top of the budget{}. A capture OOM at a high "
               "--gpu-memory-utilization is this; --enforce-eager removes the graphs (slower decode). From 0.20.0 "
-              "the graph estimate is inside the budget.").format(
-        a.era.hint or "before 0.20.0", ": {}".format(gib(size)) if size else " (1–3 GiB per GPU, vLLM's own note)")
+              "the graph estimate is inside the budget when it is applied.").format(
+        why[0].upper() + why[1:], ": {}".format(gib(size)) if size else " (1–3 GiB per GPU, vLLM's own note)")
     yield Finding(code="cudagraph_outside_budget", severity="info",
                   title="CUDA graphs are allocated outside vLLM's memory budget", detail=detail, bytes=size,
                   evidence=(where(graphs[0]),))

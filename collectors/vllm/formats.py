@@ -66,6 +66,10 @@ _FOUR_PLACES = Lazy(r"^Model loading took \d+\.\d{4} GiB and ")
 _IN_SECONDS = Lazy(r"warmup model\) took \d+(?:\.\d+)? seconds")
 
 
+def _runner_v1_header(d: Dict[str, Any]) -> bool:
+    return str(d.get("header") or "").startswith("gpu_model_runner.py")
+
+
 def _has(word: str):  # type: ignore[no-untyped-def]
     return lambda d, t: word in t
 
@@ -99,6 +103,10 @@ def _global(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
 
 def _available(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
     return {"available_kv_bytes": gib(m.group(1))}
+
+
+def _reserved(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
+    return {"available_kv_bytes": gib(m.group("kv")), "free_bytes": gib(m.group("f")), "explicit_kv": True}
 
 
 def _blocks(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -247,8 +255,14 @@ FORMATS = (
          first(when(lambda d, t: d["unit"] == "GB", "0.8.0", "0.8.2", "'Model loading took … GB'"),
                when(_has("GiB memory"), "0.11.1", None, "'Model loading took … GiB memory'"),
                # Model Runner V1 prints %.4f without 'memory' up to 0.11.0 (v1/worker/gpu_model_runner.py
-               # load_model); MRV2's line (v1/worker/gpu/model_runner.py) prints format_gib ('%s GiB and')
-               when(lambda d, t: bool(_FOUR_PLACES.search(t)), "0.8.3", "0.11.0", "'Model loading took %.4f GiB and'"),
+               # load_model); the opt-in Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, v1/worker/gpu/model_runner.py
+               # load_model) prints the same '%.4f GiB and' in 0.12.0 and 0.13.0 and format_gib ('%s GiB and')
+               # from 0.14.0 (read in the 0.12.0, 0.13.0, 0.14.0 wheels): only gpu_model_runner.py's header
+               # bounds the line at 0.11.0
+               when(lambda d, t: bool(_FOUR_PLACES.search(t)) and _runner_v1_header(d), "0.8.3", "0.11.0",
+                    "'Model loading took %.4f GiB and' (gpu_model_runner.py)"),
+               when(lambda d, t: bool(_FOUR_PLACES.search(t)), "0.8.3", "0.13.0",
+                    "'Model loading took %.4f GiB and' (Model Runner V1 ≤ 0.11.0 or the opt-in V2 of 0.12–0.13)"),
                always("0.8.3", None, "'Model loading took … GiB and'"))),
     # V0 per-instance profiling message (0.6.5–0.10.2): three physical lines of one message.
     _row("profile_takes", "profile_begin", "Memory profiling takes", r"^Memory profiling takes", _empty,
@@ -278,6 +292,14 @@ FORMATS = (
          first(when(lambda d, t: bool(re.search(r": -?\d+\.\d\d GiB", t)), "0.9.1", None,
                     "'Available KV cache memory' (V1 0.9.1+)"),
                always("0.14.0", None, "'Available KV cache memory' printed with format_gib (0.14.0+)"))),
+    # --kv-cache-memory(-bytes) set: profiling skipped, KV = the bytes given (v1/worker/gpu_worker.py
+    # determine_available_memory, 0.10.2: raw float and '{:.2f}GiB', 0.11–0.13 '%.2f GiB', 0.14+ format_gib;
+    # read in the 0.13.0, 0.20.0 and 0.28.0 wheels). "Initial free memory" is init_snapshot.free_memory,
+    # the same figure as the suggestion's "Free memory on device (free/total) on startup".
+    _row("kv_reserved", "available_kv", "memory for KV Cache as specified by kv_cache_memory_bytes",
+         r"^Initial free memory (?P<f>" + _NUM + r") ?GiB, reserved (?P<kv>" + _NUM + r") ?GiB memory for KV Cache "
+         r"as specified by kv_cache_memory_bytes", _reserved,
+         always("0.10.2", None, "'reserved … GiB memory for KV Cache as specified by kv_cache_memory_bytes'")),
     # "# GPU blocks: %d, # CPU blocks: %d" (≤0.6.6), "# CUDA blocks" (0.7.0–0.7.2), "# cuda blocks" (0.7.3–0.10.2),
     # V1 "# GPU blocks: %d" (0.6.4.post1–0.7.3). A markdown paste may eat the "# ".
     _row("blocks", "blocks", " blocks: ",

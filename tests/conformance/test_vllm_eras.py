@@ -763,3 +763,75 @@ def test_v0_b_comma_separated_profile_of_0_6_5_dev_builds(tmp_path):
           initial_usage_bytes=initial, peak_torch_bytes=peak, post_profile_usage_bytes=post)
     assert t["startup"]["ranks"][0]["gpu_memory_utilization"] == U
     _budget_check_agrees(t, kv)
+
+
+def test_opt_in_mrv2_of_0_12_0_13_is_not_dated_before_0_12(tmp_path):
+    """The opt-in Model Runner V2 of 0.12.0/0.13.0 (VLLM_USE_V2_MODEL_RUNNER=1; v1/worker/gpu/model_runner.py
+    load_model) prints 'Model loading took %.4f GiB and %.6f seconds', the very shape Model Runner V1 printed
+    up to 0.11.0 (gpu_model_runner.py; 0.11.1+ adds 'memory'). From model_runner.py the line bounds the
+    release at 0.13.0, not 0.11.0; 0.13.0 gpu_worker.py still prints 'Available KV cache memory: %.2f GiB'
+    and core.py 'init engine … took %.2f seconds'. V1-c arithmetic (0.11.0–0.13.0: requested = T·u, a plain
+    product; snapshot after NCCL), graphs outside the budget in every era the range allows."""
+    kv = _requested() - (W + A + N)
+    blocks = kv // BLOCK_BYTES
+    weights = "Model loading took {:.4f} GiB and 10.000000 seconds".format(W / GIB)
+    lines = (_lines("[model_runner.py:1{:02d}]", [weights])
+             + _lines("[gpu_worker.py:3{:02d}]", ["Available KV cache memory: {} GiB".format(_f2(kv))])
+             + _lines("[kv_cache_utils.py:{}]", [_tokens_line(blocks * BLOCK_SIZE),
+                                                 _conc_line(blocks / PER_REQUEST_BLOCKS)])
+             + _lines("[model_runner.py:3{:02d}]", [_GRAPH_END]) + _lines("[core.py:{}]", [_INIT_DONE]))
+    t = _log(tmp_path, lines)
+    assert t["engine"]["version_hint"] == "V1 0.9.1–0.13.0"
+    assert t["engine"]["cuda_graphs_in_budget"] is False
+    _rank(t, weights_bytes=W, available_kv_bytes=kv)
+    # the same line from Model Runner V1's file keeps the ≤ 0.11.0 bound
+    v1 = _log(tmp_path, [ln.replace("[model_runner.py:", "[gpu_model_runner.py:") for ln in lines])
+    assert v1["engine"]["version_hint"] == "V1 0.9.1–0.11.0"
+
+
+def _disabled_line(u: float) -> str:
+    """0.20+ gpu_worker.py determine_available_memory, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 (0.27.0 wheel)."""
+    return ("CUDA graph memory profiling is disabled (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA "
+            "graph memory is not accounted for during KV cache allocation, which may require lowering "
+            "--gpu-memory-utilization to avoid OOM. Consider re-enabling it (the default as of v0.21.0) and "
+            "increasing --gpu-memory-utilization from {:.4f} to {:.4f}.".format(u, round(u + G / T, 4)))
+
+
+def test_v1_f_estimate_disabled_puts_the_whole_pool_outside_the_budget(tmp_path):
+    """With VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 (0.27.0 gpu_worker.py determine_available_memory: the
+    estimate is computed, not subtracted, and a WARNING says so) KV = ceil(T·u) − consumed − transient, and the
+    graphs captured later come on top of the budget, as before 0.20: the whole pool is outside, not only the
+    part beyond the estimate ('CUDA graph pool memory' is still printed, the estimate being > 0)."""
+    requested = _requested(ceil=True)
+    init_free = T - C - int(1.5 * GIB)
+    kv = requested - (W + N) - A  # estimate not applied
+    lines = [x.replace(_advisory_line(U), _disabled_line(U))
+             for x in _v1_f_room_lines(init_free, W + N, kv, pool=G, estimate=G)]
+    assert any("profiling is disabled" in x for x in lines)
+    t = _log(tmp_path, lines)
+    assert t["engine"]["era"] == "V1-f"
+    assert "cudagraph_outside_budget" in _codes(t)
+    spare = init_free - requested - G - MARGIN  # 3.5 GiB, not 4.0 (pool − estimate = 0)
+    f = _unused(t)
+    assert _near(f["bytes"], spare) and "CUDA graph pool outside it" in f["detail"], f
+
+
+@pytest.mark.parametrize("line", [
+    # 0.10.2 (gpu_worker.py: raw float, '{:.2f}GiB'), 0.13.0 ('%.2f GiB'), 0.20.0+ (format_gib)
+    "Initial free memory 78.9765625 GiB, reserved 20.00GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+    "config and skipped memory profiling. This does does not respect the gpu_memory_utilization config.",
+    "Initial free memory 78.98 GiB, reserved 20.00 GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+    "config and skipped memory profiling. This does not respect the gpu_memory_utilization config.",
+    "Initial free memory 78.98 GiB, reserved 20.0 GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+    "config and skipped memory profiling. This does not respect the gpu_memory_utilization config."])
+def test_kv_cache_memory_bytes_sets_the_kv_and_ignores_the_fraction(tmp_path, line):
+    """--kv-cache-memory(-bytes): determine_available_memory skips profiling and takes the bytes as the KV cache
+    ('does not respect the gpu_memory_utilization config'), so the report takes KV and free-at-start from the
+    line and makes no T·u claim; dying right after it, before any 'KV cache size' line, is dying in KV planning."""
+    lines = _lines("[gpu_worker.py:4{:02d}]", [line], prefix="(EngineCore pid=7) ") + [
+        "(EngineCore pid=7) ERROR 05-01 10:00:01 [core.py:1344] EngineCore failed to start."]
+    t = _log(tmp_path, lines)
+    _rank(t, available_kv_bytes=20 * GIB)
+    assert abs(t["startup"]["ranks"][0]["free_at_start_bytes"] - 78.98 * GIB) <= TOL
+    assert "gpu_memory_utilization_semantics" not in _codes(t)
+    assert t["startup"]["failure"]["stage"] == "kv_cache"
