@@ -268,7 +268,9 @@ def _sniff(src: "_Blocks", size: int) -> str:
     if at == -1:
         return ENGINES.first().name
     here = src.read(at, max(len(n) for n in owner))
-    return next(e for n, e in owner.items() if here.startswith(n))
+    needle, name = next((n, e) for n, e in owner.items() if here.startswith(n))
+    src.last_anchor = (needle, at)  # no anchor of any engine lies after it: _from_file need not search again
+    return name
 
 
 def _whole_lines(block: bytes) -> bytes:
@@ -514,6 +516,7 @@ class _Blocks:
     def __init__(self, f: BinaryIO, size: int) -> None:
         self.f = f
         self.size = size
+        self.last_anchor: Optional[Tuple[bytes, int]] = None  # (needle, offset) the engine sniff found last
 
     def read(self, pos: int, n: int) -> bytes:
         self.f.seek(pos)
@@ -651,13 +654,26 @@ def _window_start(src: _Blocks, anchor: int, back: int) -> int:
     return anchor - back if anchor - back - start > back else start
 
 
+def _known_anchor(src: _Blocks, anchors: Tuple[bytes, ...], in_order: bool) -> Optional[int]:
+    """Where this engine's anchor is, when the engine sniff already found the last anchor of every
+    engine and it is one that answers this search (the first anchor, when the first found wins)."""
+    if src.last_anchor is None:
+        return None
+    needle, at = src.last_anchor
+    answers = needle == anchors[0] if in_order else needle in anchors
+    return at if answers else None
+
+
 def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool, engine: str) -> LogExcerpt:
     binary = b"\x00" in src.read(0, 8192)
     if which > 0 or size <= WHOLE_FILE_BYTES:
         seg, whole_notes = _scan_window(src, 0, size, 0, keep=which, engine=engine)
         return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary, engine)
     plugin = ENGINES.get(engine)
-    if plugin.anchors_in_order:  # the first anchor found wins; the later ones are fallbacks
+    known = _known_anchor(src, plugin.anchors, plugin.anchors_in_order)
+    if known is not None:
+        anchor = known
+    elif plugin.anchors_in_order:  # the first anchor found wins; the later ones are fallbacks
         anchor = next((at for at in (src.rfind(n) for n in plugin.anchors) if at != -1), -1)
     else:  # no one line every startup prints: the last of any of them
         anchor = src.rfind(plugin.anchors)

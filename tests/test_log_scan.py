@@ -85,3 +85,29 @@ def test_a_launch_line_before_a_small_first_window_opens_the_startup(tmp_path, m
     assert next(e for e in ex.startup.events if e.kind == "kv_pool").data["tokens"] == 2222
     monkeypatch.setattr(logfile, "LAUNCH_LOOKBACK_BYTES", 16 << 10)  # beyond the look-back: the ranks' lines
     assert read_log(str(log)).startup.events[0].kind == "dist_init_begin"
+
+
+def test_the_anchor_the_engine_sniff_found_is_not_searched_again(tmp_path, monkeypatch):
+    # Head and tail are serving lines only: the sniff finds the last anchor of any engine, and the
+    # window is placed from it; a launch after the last load line still needs the load line's own search.
+    monkeypatch.setattr(logfile, "WHOLE_FILE_BYTES", 64 << 10)
+    monkeypatch.setattr(logfile, "SNIFF_BYTES", 16 << 10)
+    log = tmp_path / "served.log"
+    lb.write(log, lb.noise(2000), lb.startup(args=ARGS, tokens=3131), lb.noise(2000))
+    searches = []
+    real = logfile._Blocks.rfind
+    monkeypatch.setattr(logfile._Blocks, "rfind", lambda self, needle, end=None: searches.append(needle) or real(
+        self, needle, end))
+    auto = read_log(str(log))
+    assert len([n for n in searches if n != b"\n"]) == 1  # the sniff's, over every engine's anchors
+    named = read_log(str(log), engine="sglang")
+    assert auto.engine == "sglang" and auto.window_start == named.window_start
+    assert [(e.kind, e.offset) for e in auto.startup.events] == [(e.kind, e.offset) for e in named.startup.events]
+    relaunch = tmp_path / "relaunch.log"
+    lb.write(relaunch, lb.noise(2000), lb.startup(args=ARGS, tokens=3131), lb.noise(500),
+             lb.startup(args=ARGS, tokens=1)[:1], lb.noise(2000))
+    searches.clear()
+    ex, named = read_log(str(relaunch)), read_log(str(relaunch), engine="sglang")
+    assert b"Load weight begin. avail mem=" in searches  # searched again: server_args= was the last anchor
+    assert [e.kind for e in ex.startup.events] == [e.kind for e in named.startup.events] == ["server_args"]
+    assert ex.window_start == named.window_start
