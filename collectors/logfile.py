@@ -654,6 +654,16 @@ def _window_start(src: _Blocks, anchor: int, back: int) -> int:
     return anchor - back if anchor - back - start > back else start
 
 
+def _find_anchor(src: _Blocks, plugin: EngineCollectors) -> int:
+    """Where the last startup's anchor line begins, or -1."""
+    known = _known_anchor(src, plugin.anchors, plugin.anchors_in_order)
+    if known is not None:
+        return known
+    if plugin.anchors_in_order:  # the first anchor found wins; the later ones are fallbacks
+        return next((at for at in (src.rfind(n) for n in plugin.anchors) if at != -1), -1)
+    return src.rfind(plugin.anchors)  # no one line every startup prints: the last of any of them
+
+
 def _known_anchor(src: _Blocks, anchors: Tuple[bytes, ...], in_order: bool) -> Optional[int]:
     """Where this engine's anchor is, when the engine sniff already found the last anchor of every
     engine and it is one that answers this search (the first anchor, when the first found wins)."""
@@ -670,13 +680,7 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
         seg, whole_notes = _scan_window(src, 0, size, 0, keep=which, engine=engine)
         return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary, engine)
     plugin = ENGINES.get(engine)
-    known = _known_anchor(src, plugin.anchors, plugin.anchors_in_order)
-    if known is not None:
-        anchor = known
-    elif plugin.anchors_in_order:  # the first anchor found wins; the later ones are fallbacks
-        anchor = next((at for at in (src.rfind(n) for n in plugin.anchors) if at != -1), -1)
-    else:  # no one line every startup prints: the last of any of them
-        anchor = src.rfind(plugin.anchors)
+    anchor = _find_anchor(src, plugin)
     notes: List[str] = []
     if anchor == -1:  # a fragment without a load line: read the tail only
         anchor = max(0, size - MAX_AFTER_ANCHOR_BYTES // 4)
