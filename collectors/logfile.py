@@ -70,7 +70,7 @@ GRACE_BLOCKS = 1  # blocks read after a startup closed: late ranks' last lines
 # Past the anchor a window is read in blocks this small, so what is read after the startup closed
 # (the rest of a block and GRACE_BLOCKS more) costs ~2 MiB of keyword search, not ~8.
 AFTER_ANCHOR_BLOCK_BYTES = 1 << 20
-NEAR_BYTES = 256 << 10  # a backward search first reads this much alone (see _Blocks.rfind)
+NEAR_BYTES = 256 << 10  # a backward search first reads this much alone, then 16x more (_Blocks.rfind)
 
 
 class LogReadError(Exception):
@@ -535,14 +535,15 @@ class _Blocks:
         overlap = max(len(n) for n in needles) - 1
         if pos <= 0:
             return -1
-        # Most searches end close by (a line's start, an anchor just before the end): one small read
-        # answers them without the reader thread and its buffers (~15 ms of a small log's analyze).
-        near = max(0, pos - NEAR_BYTES)
-        piece = self.read(near, min(pos - near + overlap, self.size - near))
-        hits = [near + h for h in (piece.rfind(n) for n in needles) if h != -1]
-        if hits or near == 0:
-            return max(hits, default=-1)
-        pos = near
+        # Most searches end close by (a line's start, an anchor just before the end): a small read,
+        # then a larger one, answer them without the reader thread and its buffers (~15 ms).
+        for span in (NEAR_BYTES, NEAR_BYTES * 16):
+            near = max(0, pos - span)
+            piece = self.read(near, min(pos - near + overlap, self.size - near))
+            hits = [near + h for h in (piece.rfind(n) for n in needles) if h != -1]
+            if hits or near == 0:
+                return max(hits, default=-1)
+            pos = near
         fd = self.f.fileno()
         buffers = [bytearray(BLOCK_BYTES + overlap) for _ in range(3)]
         ready: "queue.Queue[Optional[Tuple[int, int, int]]]" = queue.Queue(maxsize=1)
