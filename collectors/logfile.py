@@ -58,7 +58,7 @@ def keywords_for(engine: str) -> Tuple[bytes, ...]:
     return _KEYWORD_CACHE[key]
 
 
-SNIFF_BYTES = 1 << 20  # the head and the tail of a file say whose log it is
+SNIFF_BYTES = 256 << 10  # the head and the tail of a file say whose log it is (~1,000 lines each)
 CRI_SNIFF_BYTES = 64 << 10  # its first lines say whether a file is a container runtime's (CRI) log
 BLOCK_BYTES = 4 << 20
 WHOLE_FILE_BYTES = 32 << 20  # below this, read everything: counts and line numbers are exact
