@@ -62,8 +62,7 @@ SNIFF_BYTES = 256 << 10  # the head and the tail of a file say whose log it is (
 CRI_SNIFF_BYTES = 64 << 10  # its first lines say whether a file is a container runtime's (CRI) log
 BLOCK_BYTES = 4 << 20
 WHOLE_FILE_BYTES = 32 << 20  # below this, read everything: counts and line numbers are exact
-FIRST_WINDOW_BYTES = 1 << 20  # grown 4x while the window cuts the startup
-LAUNCH_LOOKBACK_BYTES = 8 << 20  # a launch line this far before the anchor starts the first window
+FIRST_WINDOW_BYTES = 8 << 20
 LINE_COUNT_LIMIT_BYTES = 512 << 20  # counting newlines runs at ~2.4 GB/s here (bench/)
 MAX_AFTER_ANCHOR_BYTES = 256 << 20
 GRACE_BLOCKS = 1  # blocks read after a startup closed: late ranks' last lines
@@ -628,24 +627,6 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
     return seg, notes
 
 
-def _launch_before(src: _Blocks, launch_lines: Tuple[bytes, ...], start: int, anchor: int, lowest: int) -> int:
-    """Where the window before ``anchor`` begins when the startup's launch line lies before ``start``
-    (but after ``lowest``): the start of that line; else ``start``.
-
-    The first window is small (cheap when the startup is short, as most are), but the launch line
-    opens a startup and may sit further back, after a model download's output: a window reaching
-    it begins cleanly at once, as the 8 MiB first window did, instead of growing and rereading."""
-    lo = max(0, lowest)
-    if not launch_lines or start <= lo or _last_of(src.read(start, anchor - start), launch_lines) != -1:
-        return start  # no launch line to look for, or the window holds the last one already
-    hit = _last_of(src.read(lo, start - lo), launch_lines)
-    return start if hit == -1 else src.line_start(lo + hit)
-
-
-def _last_of(piece: bytes, needles: Tuple[bytes, ...]) -> int:
-    return max(piece.rfind(n) for n in needles)
-
-
 def _window_start(src: _Blocks, anchor: int, back: int) -> int:
     """Where a window of ``back`` bytes before the anchor begins: the start of the line there, unless
     that line began more than a window earlier (one endless line of glued records), then inside it,
@@ -690,9 +671,6 @@ def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bo
     back = FIRST_WINDOW_BYTES
     while True:
         start = _window_start(src, anchor, back)
-        if back == FIRST_WINDOW_BYTES:  # the launch line a small first window would miss
-            start = _launch_before(src, plugin.launch_lines, start, anchor, anchor - LAUNCH_LOOKBACK_BYTES)
-            back = max(back, anchor - start)
         base_line = 0 if start == 0 else (
             src.count_newlines(start) if count_lines or start <= LINE_COUNT_LIMIT_BYTES else None)
         seg, window_notes = _scan_window(src, start, anchor, base_line, keep=None, engine=engine)

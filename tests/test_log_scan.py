@@ -72,21 +72,6 @@ def test_a_startup_at_the_top_reads_as_the_startup_alone(tmp_path, monkeypatch):
     assert ex.count == 1 and ex.index == 1
 
 
-def test_a_launch_line_before_a_small_first_window_opens_the_startup(tmp_path, monkeypatch):
-    # server_args, then more output than the first window holds, then the ranks' lines: the window
-    # reaches back to the launch line (as far as LAUNCH_LOOKBACK_BYTES) instead of starting at the ranks.
-    monkeypatch.setattr(logfile, "WHOLE_FILE_BYTES", 64 << 10)
-    monkeypatch.setattr(logfile, "FIRST_WINDOW_BYTES", 8 << 10)
-    log = tmp_path / "long.log"
-    first, second = lb.startup(args=ARGS, tokens=1111), lb.startup(args=ARGS, tokens=2222)
-    lb.write(log, first, lb.noise(3000), second[:1], lb.noise(400), second[1:], lb.noise(50))
-    ex = read_log(str(log))
-    assert ex.startup.events[0].kind == "server_args"
-    assert next(e for e in ex.startup.events if e.kind == "kv_pool").data["tokens"] == 2222
-    monkeypatch.setattr(logfile, "LAUNCH_LOOKBACK_BYTES", 16 << 10)  # beyond the look-back: the ranks' lines
-    assert read_log(str(log)).startup.events[0].kind == "dist_init_begin"
-
-
 def test_the_anchor_the_engine_sniff_found_is_not_searched_again(tmp_path, monkeypatch):
     # Head and tail are serving lines only: the sniff finds the last anchor of any engine, and the
     # window is placed from it; a launch after the last load line still needs the load line's own search.
