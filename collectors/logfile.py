@@ -341,7 +341,7 @@ def _keyword_lines(buf: bytes, keywords: Tuple[bytes, ...]) -> "set[int]":
     """Where the lines of ``buf`` that hold a keyword begin.
 
     Searched from the end with ``rfind``: CPython's reverse search skips ahead on a bloom filter of
-    the needle's bytes and runs 2-3x (3.11) to 10x (3.8, 3.12) faster than ``find`` over serving
+    the needle's bytes and runs 2-3x (3.11) to 3-20x (3.8, 3.12) faster than ``find`` over serving
     lines (bench/RESULTS.md, "log scan"); after a hit the search goes on before the hit's line,
     so each line costs one newline search per keyword, however many hits it holds."""
     starts = set()
