@@ -58,7 +58,7 @@ def keywords_for(engine: str) -> Tuple[bytes, ...]:
     return _KEYWORD_CACHE[key]
 
 
-SNIFF_BYTES = 1 << 20  # the head and the tail of a file say whose log it is
+SNIFF_BYTES = 256 << 10  # the head and the tail of a file say whose log it is (~1,000 lines each)
 CRI_SNIFF_BYTES = 64 << 10  # its first lines say whether a file is a container runtime's (CRI) log
 BLOCK_BYTES = 4 << 20
 WHOLE_FILE_BYTES = 32 << 20  # below this, read everything: counts and line numbers are exact
@@ -66,6 +66,10 @@ FIRST_WINDOW_BYTES = 8 << 20
 LINE_COUNT_LIMIT_BYTES = 512 << 20  # counting newlines runs at ~2.4 GB/s here (bench/)
 MAX_AFTER_ANCHOR_BYTES = 256 << 20
 GRACE_BLOCKS = 1  # blocks read after a startup closed: late ranks' last lines
+# Past the anchor a window is read in blocks this small, so what is read after the startup closed
+# (the rest of a block and GRACE_BLOCKS more) costs ~2 MiB of keyword search, not ~8.
+AFTER_ANCHOR_BLOCK_BYTES = 1 << 20
+NEAR_BYTES = 256 << 10  # a backward search first reads this much alone, then 16x more (_Blocks.rfind)
 
 
 class LogReadError(Exception):
@@ -263,7 +267,9 @@ def _sniff(src: "_Blocks", size: int) -> str:
     if at == -1:
         return ENGINES.first().name
     here = src.read(at, max(len(n) for n in owner))
-    return next(e for n, e in owner.items() if here.startswith(n))
+    needle, name = next((n, e) for n, e in owner.items() if here.startswith(n))
+    src.last_anchor = (needle, at)  # no anchor of any engine lies after it: _from_file need not search again
+    return name
 
 
 def _whole_lines(block: bytes) -> bytes:
@@ -289,17 +295,8 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
     where one ends a startup still open: the first after the open startup's last line.
     ``where``: the (line number, byte offset) in the source of the line at a position of ``buf``,
     when ``buf`` is not a piece of the source (joined CRI records)."""
-    starts = set()
+    starts = _keyword_lines(buf, keywords_for(sinks[0].engine if len(sinks) == 1 else "auto"))
     idle = tuple(n for s in sinks for n in s.idle_b)
-    for kw in keywords_for(sinks[0].engine if len(sinks) == 1 else "auto"):
-        i = buf.find(kw)
-        while i != -1:
-            start = buf.rfind(b"\n", 0, i) + 1
-            starts.add(start)
-            end = buf.find(b"\n", i)
-            if end == -1:
-                break
-            i = buf.find(kw, end)
     if len(sinks) > 1:  # detecting the engine: idle lines are lines only their engine prints
         for sink in sinks:
             sink.score += sum(buf.count(n) for n in sink.idle_b)
@@ -338,6 +335,23 @@ def _scan_block(buf: bytes, base_offset: int, base_line: Optional[int], sinks: L
         feed(start)
     feed_idle_before(len(buf))
     return buf.count(b"\n") if base_line is not None else 0
+
+
+def _keyword_lines(buf: bytes, keywords: Tuple[bytes, ...]) -> "set[int]":
+    """Where the lines of ``buf`` that hold a keyword begin.
+
+    Searched from the end with ``rfind``: CPython's reverse search skips ahead on a bloom filter of
+    the needle's bytes and runs 2-3x (3.11) to 3-20x (3.8, 3.12) faster than ``find`` over serving
+    lines (bench/RESULTS.md, "log scan"); after a hit the search goes on before the hit's line,
+    so each line costs one newline search per keyword, however many hits it holds."""
+    starts = set()
+    for kw in keywords:
+        i = buf.rfind(kw)
+        while i != -1:
+            start = buf.rfind(b"\n", 0, i) + 1
+            starts.add(start)
+            i = buf.rfind(kw, 0, start - 1) if start else -1
+    return starts
 
 
 # A line longer than this is cut where its engine's records begin (records glued into one physical
@@ -501,6 +515,7 @@ class _Blocks:
     def __init__(self, f: BinaryIO, size: int) -> None:
         self.f = f
         self.size = size
+        self.last_anchor: Optional[Tuple[bytes, int]] = None  # (needle, offset) the engine sniff found last
 
     def read(self, pos: int, n: int) -> bytes:
         self.f.seek(pos)
@@ -519,6 +534,15 @@ class _Blocks:
         overlap = max(len(n) for n in needles) - 1
         if pos <= 0:
             return -1
+        # Most searches end close by (a line's start, an anchor just before the end): a small read,
+        # then a larger one, answer them without the reader thread and its buffers (~15 ms).
+        for span in (NEAR_BYTES, NEAR_BYTES * 16):
+            near = max(0, pos - span)
+            piece = self.read(near, min(pos - near + overlap, self.size - near))
+            hits = [near + h for h in (piece.rfind(n) for n in needles) if h != -1]
+            if hits or near == 0:
+                return max(hits, default=-1)
+            pos = near
         fd = self.f.fileno()
         buffers = [bytearray(BLOCK_BYTES + overlap) for _ in range(3)]
         ready: "queue.Queue[Optional[Tuple[int, int, int]]]" = queue.Queue(maxsize=1)
@@ -579,7 +603,8 @@ def _scan_window(src: _Blocks, start: int, anchor: int, base_line: Optional[int]
     line = base_line
     blocks_after_close = 0
     while pos < src.size:
-        block = src.read(pos, BLOCK_BYTES)
+        # Up to the anchor in big blocks; past it in small ones (the startup may close any time).
+        block = src.read(pos, min(BLOCK_BYTES, max(anchor - pos, 0) + AFTER_ANCHOR_BLOCK_BYTES))
         if pos + len(block) < src.size:
             cut = block.rfind(b"\n")
             if cut != -1:
@@ -611,16 +636,33 @@ def _window_start(src: _Blocks, anchor: int, back: int) -> int:
     return anchor - back if anchor - back - start > back else start
 
 
+def _find_anchor(src: _Blocks, plugin: EngineCollectors) -> int:
+    """Where the last startup's anchor line begins, or -1."""
+    known = _known_anchor(src, plugin.anchors, plugin.anchors_in_order)
+    if known is not None:
+        return known
+    if plugin.anchors_in_order:  # the first anchor found wins; the later ones are fallbacks
+        return next((at for at in (src.rfind(n) for n in plugin.anchors) if at != -1), -1)
+    return src.rfind(plugin.anchors)  # no one line every startup prints: the last of any of them
+
+
+def _known_anchor(src: _Blocks, anchors: Tuple[bytes, ...], in_order: bool) -> Optional[int]:
+    """Where this engine's anchor is, when the engine sniff already found the last anchor of every
+    engine and it is one that answers this search (the first anchor, when the first found wins)."""
+    if src.last_anchor is None:
+        return None
+    needle, at = src.last_anchor
+    answers = needle == anchors[0] if in_order else needle in anchors
+    return at if answers else None
+
+
 def _from_file(src: _Blocks, source: str, size: int, which: int, count_lines: bool, engine: str) -> LogExcerpt:
     binary = b"\x00" in src.read(0, 8192)
     if which > 0 or size <= WHOLE_FILE_BYTES:
         seg, whole_notes = _scan_window(src, 0, size, 0, keep=which, engine=engine)
         return _choose(seg.result(), source, which, True, 0, size, tuple(whole_notes), binary, engine)
     plugin = ENGINES.get(engine)
-    if plugin.anchors_in_order:  # the first anchor found wins; the later ones are fallbacks
-        anchor = next((at for at in (src.rfind(n) for n in plugin.anchors) if at != -1), -1)
-    else:  # no one line every startup prints: the last of any of them
-        anchor = src.rfind(plugin.anchors)
+    anchor = _find_anchor(src, plugin)
     notes: List[str] = []
     if anchor == -1:  # a fragment without a load line: read the tail only
         anchor = max(0, size - MAX_AFTER_ANCHOR_BYTES // 4)
