@@ -290,7 +290,7 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
     except evidence.EvidenceError as exc:
         raise ProbeError("probe.invalid_answer", "the probe's snapshot breaks the snapshot schema at {}".format(
             exc)) from None
-    return snap
+    return evidence.Checked(snap)  # checked once: the analysis types it without a second schema walk
 
 
 def write(path: str, options: Optional[Dict[str, Any]] = None) -> Tuple[str, int]:
