@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Dict, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
 
-__all__ = ["Registry", "UnknownEngine", "lazy"]
+__all__ = ["Registry", "UnknownEngine", "lazy", "lazy_rows"]
 
 P = TypeVar("P")
 PLUGIN_MODULE = "plugin"
@@ -48,6 +48,36 @@ class lazy(object):  # noqa: N801 — reads as a function at the call site
 
     def __repr__(self) -> str:
         return "lazy({!r})".format(self.where)
+
+
+class lazy_rows(object):  # noqa: N801 — reads as a tuple at the call site
+    """A tuple named ``"module:attribute"`` (an engine's log formats), imported on first use. The probe
+    walks /proc on every host but reads a log only for an engine it found: its other engines' formats (their
+    regexes compiled from source on the host) are never imported."""
+
+    __slots__ = ("where", "_rows")
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._rows: Optional[Tuple[Any, ...]] = None
+
+    def _load(self) -> Tuple[Any, ...]:
+        if self._rows is None:
+            module, attr = self.where.split(":")
+            self._rows = tuple(getattr(importlib.import_module(module), attr))
+        return self._rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._load()[index]
+
+    def __repr__(self) -> str:
+        return "lazy_rows({!r})".format(self.where)
 
 
 class Registry(Generic[P]):

@@ -117,3 +117,52 @@ def test_what_record_types_unchecked_conforms(tmp_path, monkeypatch):
         assert snap["nvml"]["gpus"]
         evidence.check("snapshot", dict(snap))
         assert evidence.parse(snap).nvml.gpus == evidence.parse(dict(snap)).nvml.gpus
+
+
+_SCAN = """
+import json, sys
+from collectors import engines
+from collectors.plugin import ENGINES
+hits = [engines.classify(argv) for argv in ({argvs})]
+loaded = sorted(m for m in sys.modules if m.startswith("collectors."))
+{after}
+print(json.dumps({{"hits": [h and h[0] for h in hits], "loaded": loaded,
+                  "later": sorted(m for m in sys.modules if m.startswith("collectors."))}}))
+"""
+_LOG_PARTS = ("formats", "log", "startups", "http", "metrics", "server_args")
+
+
+def _scan(argvs: str, after: str = "") -> dict:
+    proc = subprocess.run([sys.executable, "-c", _SCAN.format(argvs=argvs, after=after)], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_process_scan_imports_no_engine_log_parser():
+    """The probe classifies every process of every host with every engine's descriptor, but reads a log
+    only for an engine it found: the descriptors import their command-line rules alone, the log formats
+    (dozens of regexes, compiled from source on each host) on first use."""
+    got = _scan('["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "m"], ["vllm", "serve", "m"], '
+                '["bash"]', after='ENGINES.get("vllm").parse_line("INFO x", 1, 0); list(ENGINES.get("vllm").formats)')
+    assert got["hits"] == ["sglang", "vllm", None]  # the rules still apply
+    engines_loaded = [m for m in got["loaded"] if m.split(".")[1] in ("sglang", "vllm")]
+    assert sorted(engines_loaded) == ["collectors.sglang", "collectors.sglang.plugin", "collectors.sglang.processes",
+                                      "collectors.vllm", "collectors.vllm.plugin", "collectors.vllm.processes"]
+    # first use imports what it needs, that engine's only: the guard sees what it guards
+    assert {"collectors.vllm.log", "collectors.vllm.formats"} <= set(got["later"])
+    assert not [m for m in got["later"] if m.startswith("collectors.sglang.") and m.split(".")[2] in _LOG_PARTS]
+
+
+def test_lazy_rows_read_as_the_tuple_they_name():
+    from collectors.plugin import ENGINES
+    from collectors.registry import lazy_rows
+    from collectors.sglang import formats as sglang_formats
+    from collectors.vllm import formats as vllm_formats
+
+    assert tuple(ENGINES.get("sglang").formats) == sglang_formats.FORMATS
+    vllm = ENGINES.get("vllm")
+    assert tuple(vllm.formats) == tuple(r for r in vllm_formats.FORMATS if r.needle not in vllm_formats.IDLE_NEEDLES)
+    assert tuple(vllm.idle_needles) == vllm_formats.IDLE_NEEDLES and len(vllm.idle_needles) == 1
+    rows = lazy_rows("collectors.vllm.formats:IDLE_NEEDLES")
+    assert rows[0] == vllm_formats.IDLE_NEEDLES[0] and "lazy_rows" in repr(rows)

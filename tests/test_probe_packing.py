@@ -43,3 +43,18 @@ def test_a_python_without_lzma_asks_for_the_deflated_probe():
     assert probe.parse_answer(done.stdout, fallback)["schema"] == "kvforensics.snapshot/1"
     with_lzma = _run(p.script)
     assert with_lzma.returncode == 0 and probe.parse_answer(with_lzma.stdout, p)["schema"] == "kvforensics.snapshot/1"
+
+
+def test_the_xz_stream_is_kept_and_a_bad_copy_is_made_again(tmp_path, monkeypatch):
+    import lzma
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    blob = b"kvforensics probe cache test " + tmp_path.name.encode()  # a blob no other test packs
+    made = probe._xz.__wrapped__(blob)
+    (kept,) = (tmp_path / "kvforensics").glob("probe-*.xz")
+    assert kept.read_bytes() == made and lzma.decompress(made) == blob
+    assert probe._xz.__wrapped__(blob) == made  # read back
+    kept.write_bytes(lzma.compress(b"something else"))  # stale or tampered: not the zip it is named for
+    assert lzma.decompress(probe._xz.__wrapped__(blob)) == blob
+    kept.write_bytes(made[:20])  # truncated
+    assert lzma.decompress(probe._xz.__wrapped__(blob)) == blob and kept.read_bytes() == made

@@ -320,6 +320,33 @@ def test_fleet_summary_and_hosts_file(env, tmp_path):
     assert [t["status"] for t in doc["targets"]][1] == "auth_failed"
 
 
+def test_each_host_is_schema_checked_once_and_analysed_once(env, monkeypatch):
+    """A fleet's client pays per host: the probe's answer is checked against the snapshot schema where it
+    arrives (parse_answer), then typed without a second walk; each snapshot is analysed once, as it arrives."""
+    from agent.model import evidence, reconcile
+
+    checked, analysed = [], []
+    real_check, real_inspect = evidence.check, reconcile.inspect_snapshot
+
+    def counting_check(name, document):
+        if name == "snapshot":
+            checked.append(document.get("hostname"))
+        return real_check(name, document)
+
+    def counting_inspect(snap, target, *args, **kwargs):
+        analysed.append(target)
+        return real_inspect(snap, target, *args, **kwargs)
+
+    monkeypatch.setattr(evidence, "check", counting_check)
+    monkeypatch.setattr(reconcile, "inspect_snapshot", counting_inspect)
+    code, targets, err = _run(env, "node", "node2", "--parallel", "2")
+    assert len(targets) == 2 and all(t["status"] in ("ok", "partial") for t in targets), err
+    assert len(checked) == 2 and sorted(analysed) == ["ssh:node", "ssh:node2"]
+    # a snapshot from anywhere else (a plain dict) is still checked when typed
+    with pytest.raises(evidence.EvidenceError):
+        evidence.parse({"schema": "kvforensics.snapshot/1", "nvml": {"status": "ok", "gpus": [{"total_bytes": "x"}]}})
+
+
 def test_probe_is_one_round_trip_and_reproducible():
     from agent.remote import probe
 

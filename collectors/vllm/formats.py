@@ -410,4 +410,7 @@ GENERIC_CAUSES = ("engine_failed", "worker_died", "exception")
 # Kinds only a vLLM log prints: engine detection counts them (failures and frames are shared shapes).
 SPECIFIC_KINDS = frozenset(r.kind for r in FORMATS) - {"failure", "exception", "frame"}
 BY_NAME = {row.name: row for row in FORMATS}
+# What the log reader parses on every line: the serving lines (IDLE_NEEDLES) only end a startup, looked for
+# apart (collectors/vllm/plugin.py).
+STARTUP_FORMATS = tuple(r for r in FORMATS if r.needle not in IDLE_NEEDLES)
 assert len(BY_NAME) == len(FORMATS), "line-format names must be unique"

@@ -1,20 +1,25 @@
-"""vLLM, as the collectors see it: the one object the engine-neutral code reads."""
+"""vLLM, as the collectors see it: the one object the engine-neutral code reads.
+
+Nothing of the engine is imported with it: its parts are ``lazy``, imported on first call. The probe scans
+/proc with every engine's command-line rules (``processes``) on every host and reads a log only for an engine
+it found; ``analyze`` reads a log and never a process table; the log's parts (formats: dozens of regexes,
+compiled from source on the host) are loaded by what reads a log.
+"""
 
 from __future__ import annotations
 
 from collectors.plugin import EngineCollectors
-from collectors.registry import lazy
-from collectors.vllm import formats, log, startups
+from collectors.registry import lazy, lazy_rows
 
 ENGINE = EngineCollectors(
     name="vllm",
     display="vLLM",
     # Its serving lines (IDLE_NEEDLES) are looked for apart, only when a startup awaits its end.
-    formats=tuple(r for r in formats.FORMATS if r.needle not in formats.IDLE_NEEDLES),
-    idle_needles=formats.IDLE_NEEDLES,
-    parse_line=log.parse_line,
-    segmenter=startups.StartupSegmenter,
-    segment_lines=startups.segment_lines,
+    formats=lazy_rows("collectors.vllm.formats:STARTUP_FORMATS"),
+    idle_needles=lazy_rows("collectors.vllm.formats:IDLE_NEEDLES"),
+    parse_line=lazy("collectors.vllm.log:parse_line"),
+    segmenter=lazy("collectors.vllm.startups:StartupSegmenter"),
+    segment_lines=lazy("collectors.vllm.startups:segment_lines"),
     # No single line is in every startup: the last of any of them anchors the window. The later
     # ones find fragments that begin at profiling (V0) or at the KV report (V1).
     anchors=(b"Model loading took", b"Loading model weights took", b"Available KV cache memory",
@@ -26,9 +31,8 @@ ENGINE = EngineCollectors(
     no_startup_hint="'Model loading took', 'Available KV cache memory', '# GPU blocks', 'GPU KV cache size'",
     # vLLM before 0.10 prints no such line: the journal's invocation bounds the read.
     launch_lines=(b"non-default args:",),
-    owns_event=startups.owns_event,
-    begins_cleanly=startups.begins_cleanly,
-    # A live node's process table and HTTP endpoint: imported when read (a pasted log never is).
+    owns_event=lazy("collectors.vllm.startups:owns_event"),
+    begins_cleanly=lazy("collectors.vllm.startups:begins_cleanly"),
     classify=lazy("collectors.vllm.processes:classify"),
     parse_flags=lazy("collectors.vllm.processes:parse_flags"),
     default_port=8000,  # vllm/entrypoints/openai/cli_args.py make_arg_parser: --port default
