@@ -7,7 +7,7 @@ nothing is installed or written on the host. Options travel as base64 JSON insid
 data, never a command line. The zip is reproducible (sorted entries, fixed timestamps), so its
 sha256 identifies the code that ran; the probe echoes it and a checksum of its snapshot.
 
-On the wire (~70 KB of xz in ~95 KB of base64, from ~190 KB of deflated zip): the zip's entries are
+On the wire (~75 KB of xz in ~93 KB of base85, from ~190 KB of deflated zip): the zip's entries are
 stored, with comments and docstrings blanked (``slim``: every line stays where it was, so a
 traceback still points at the source), and the whole zip is one xz stream, which compresses across
 files. ``lzma`` is standard library but optional in a Python build: a host without it answers
@@ -46,7 +46,7 @@ _UNPACK = {
 except ImportError:
     sys.stdout.write({no_lzma!r} + chr(10))
     sys.exit(3)
-_BLOB = lzma.decompress(base64.b64decode({{blob!r}}))""".format(no_lzma=NO_LZMA),
+_BLOB = lzma.decompress(base64.b85decode({{blob!r}}))""".format(no_lzma=NO_LZMA),
     "zip": "_BLOB = base64.b64decode({blob!r})",
 }
 
@@ -237,9 +237,12 @@ class Probe:
 
 
 def _assemble(encoded_options: str, blob: bytes, packing: str) -> Probe:
+    # base85 carries the xz stream in 5/4 of its size where base64 takes 4/3: 6 KB less on every exec, for
+    # ~5 ms of the host's CPU (b85decode is pure Python; measured 2026-12-01, 75 KB). The fallback zip keeps
+    # base64: it goes to hosts whose Python lacks lzma, and is not the probe's usual cost.
     sent = _xz(blob) if packing == "xz" else blob
-    script = _WRAPPER.replace("{unpack}", _UNPACK[packing]).format(blob=base64.b64encode(sent).decode("ascii"),
-                                                                   options=encoded_options)
+    text = base64.b85encode(sent) if packing == "xz" else base64.b64encode(sent)
+    script = _WRAPPER.replace("{unpack}", _UNPACK[packing]).format(blob=text.decode("ascii"), options=encoded_options)
     return Probe(script.encode("utf-8"), hashlib.sha256(blob).hexdigest(), packing, encoded_options)
 
 
