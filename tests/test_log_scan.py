@@ -96,3 +96,23 @@ def test_the_anchor_the_engine_sniff_found_is_not_searched_again(tmp_path, monke
     assert b"Load weight begin. avail mem=" in searches  # searched again: server_args= was the last anchor
     assert [e.kind for e in ex.startup.events] == [e.kind for e in named.startup.events] == ["server_args"]
     assert ex.window_start == named.window_start
+
+
+def test_a_startup_near_the_end_is_read_from_its_launch_line(tmp_path, monkeypatch):
+    """Its server_args= line lies in the first window: the reading starts there (window_start), not a whole
+    window before it, and the startup is the one the full window gives. (One line of glued records keeps the
+    window's own rules: tests/test_log_memory.py.)"""
+    monkeypatch.setattr(logfile, "WHOLE_FILE_BYTES", 64 << 10)
+    monkeypatch.setattr(logfile, "FIRST_WINDOW_BYTES", 256 << 10)
+    log = tmp_path / "served.log"
+    lb.write(log, lb.startup(args=ARGS, tokens=1111), lb.noise(20000), lb.startup(args=ARGS, tokens=2222),
+             lb.noise(300))
+    ex = read_log(str(log))
+    launch = log.read_bytes().rfind(b"server_args=")
+    assert ex.window_start == log.read_bytes().rfind(b"\n", 0, launch) + 1
+    assert ex.startup.events[0].kind == "server_args" and ex.count is None
+    monkeypatch.setattr(logfile, "_from_launch", lambda *a: None)  # the window read as before
+    full = read_log(str(log))
+    assert full.window_start < ex.window_start
+    assert [(e.kind, e.offset, e.data) for e in ex.startup.events] == [
+        (e.kind, e.offset, e.data) for e in full.startup.events]
