@@ -93,8 +93,7 @@ def inspection_dict(insp: Inspection) -> Dict[str, Any]:
 
 def pod_dict(insp: Inspection) -> Optional[Dict[str, Any]]:
     """The Kubernetes pod of the engine explained, or None (not in a pod, or the node does not name it)."""
-    engine = insp.snapshot.selected
-    pod = engine.pod if engine is not None else None
+    pod = insp.snapshot.engine_pod
     if pod is None:
         return None
     return {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "container": pod.container, "qos": pod.qos}

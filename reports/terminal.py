@@ -427,7 +427,7 @@ def render_inspections(inspections: Sequence[Inspection], color: bool = True, wi
 def node_facts(insp: Inspection) -> str:
     """Which pod (when the engine runs in one), when, which driver, how many GPUs, how much host RAM."""
     snap = insp.snapshot
-    pod = snap.selected.pod if snap.selected is not None else None
+    pod = snap.engine_pod
     facts = ["pod {}/{} (container {})".format(pod.namespace, pod.name, pod.container or "?")] if pod else []
     facts.append("taken {}".format(when(snap.taken_at_unix_s)))
     if snap.nvml.driver_version:

@@ -6,6 +6,8 @@ The test writes ``kubectl`` on PATH (a two-line script that runs this file) and 
 * ``exec -i [--context C] -n NS POD [-c C] -- python3 -I -``: ``nsenter --target PID --pid --mount --net``
   into the pod's real namespaces, the command found on the image's PATH, the probe on stdin;
 * ``logs [--context C] -n NS POD [-c C] [--tail N] [--previous]``: the captured log;
+* ``get pod [--context C] -n NS POD -o json``: the pod object's fields kvforensics reads, from the file's
+  ``uid``, ``qos`` (the API's qosClass), ``containers`` (names) and ``annotations``;
 * a pod not in the file: kubectl's own message and exit 1.
 Every call's argv is appended to ``KVF_KUBECTL_CALLS`` (one JSON list a line).
 """
@@ -26,7 +28,7 @@ def parse(argv: List[str]) -> Tuple[str, Dict[str, str], List[str], bool]:
         a = argv[i]
         if a == "--":
             return verb, opts, pos + [argv[i + 1:]], previous  # type: ignore[list-item]
-        if a in ("-n", "-c", "--context", "--tail"):
+        if a in ("-n", "-c", "--context", "--tail", "-o"):
             opts[a] = argv[i + 1]
             i += 2
             continue
@@ -49,12 +51,24 @@ def logs(pod: Dict[str, str], name: str, container: str, previous: bool) -> int:
     return 0
 
 
+def get(pod: Dict[str, object], name: str, namespace: str) -> int:
+    uid = pod.get("uid", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
+    obj = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": pod.get("annotations", {})},
+           "spec": {"containers": [{"name": c} for c in pod.get("containers", ["main"])]},  # type: ignore[union-attr]
+           "status": {"qosClass": pod.get("qos", "Burstable"), "phase": "Running"}}
+    sys.stdout.write(json.dumps(obj))
+    return 0
+
+
 def main(argv: List[str]) -> int:
     with open(os.environ["KVF_KUBECTL_CALLS"], "a") as f:
         f.write(json.dumps(argv) + "\n")
     with open(os.environ["KVF_KUBECTL_PODS"]) as f:
         pods = json.load(f)
     verb, opts, pos, previous = parse(argv)
+    if verb == "get":
+        pos = pos[1:]  # "pod"
     name = pos[0]
     pod = pods.get("{}/{}".format(opts.get("-n", "default"), name))
     if pod is None:
@@ -66,6 +80,8 @@ def main(argv: List[str]) -> int:
         return 1
     if verb == "logs":
         return logs(pod, name, opts.get("-c", "main"), previous)
+    if verb == "get":
+        return get(pod, name, opts.get("-n", "default"))
     command = pos[-1]
     env = dict(os.environ, PATH=pod["path"])
     os.execve(NSENTER, [NSENTER, "--target", str(pod["pid"]), "--pid", "--mount", "--net", "--"] + command, env)

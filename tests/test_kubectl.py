@@ -95,6 +95,25 @@ def _pod(node: NamespacedVllm, path: Optional[str] = None, log: Optional[Path] =
             "log": str(log or node.pod_log), "previous": str(previous) if previous else None}
 
 
+UID = "7d5f6a2e-3c1b-4e8f-9a0d-2b4c6e8f1a3c"
+
+
+def test_the_pod_kubectl_reached_from_the_api_servers_object():
+    from agent.remote.kubectl import parse_target, reached_pod
+
+    obj = {"metadata": {"name": "p", "namespace": "ns", "uid": UID,
+                        "annotations": {"kubectl.kubernetes.io/default-container": "engine"}},
+           "spec": {"containers": [{"name": "proxy"}, {"name": "engine"}]}, "status": {"qosClass": "BestEffort"}}
+    assert reached_pod(obj, parse_target("k8s:ns/p")) == {"namespace": "ns", "name": "p", "uid": UID,
+                                                          "container": "engine", "qos": "besteffort"}
+    assert reached_pod(obj, parse_target("k8s:ns/p/proxy"))["container"] == "proxy"  # the one named
+    del obj["metadata"]["annotations"]
+    assert reached_pod(obj, parse_target("k8s:ns/p"))["container"] == "proxy"  # kubectl's first
+    assert reached_pod(obj, parse_target("k8s:ns/other")) is None  # not the pod asked for
+    assert reached_pod(dict(obj, metadata={"name": "p", "namespace": "ns"}), parse_target("k8s:ns/p")) is None
+    assert reached_pod([1, 2], parse_target("k8s:ns/p")) is None and reached_pod(None, parse_target("k8s:ns/p")) is None
+
+
 def _calls(path: Path) -> List[List[str]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -107,7 +126,8 @@ def _inspect(monkeypatch: pytest.MonkeyPatch, node: NamespacedVllm, *argv: str) 
 @needs_namespaces
 def test_a_pod_end_to_end_probe_by_exec_startup_by_logs(tmp_path, monkeypatch):
     with NamespacedVllm(tmp_path / "n", tp=2, metrics_text=METRICS.read_text()) as n:
-        calls = _standin(tmp_path, monkeypatch, {"inference/llama-0": _pod(n)})
+        calls = _standin(tmp_path, monkeypatch, {"inference/llama-0": dict(
+            _pod(n), uid=UID, qos="Guaranteed", containers=["sidecar", "vllm"])})
         code, out, err = _inspect(monkeypatch, n, "k8s:inference/llama-0/vllm", "--json", "--context", "prod")
         brief = _inspect(monkeypatch, n, "k8s:inference/llama-0/vllm", "--no-color")[1]
         line = _inspect(monkeypatch, n, "k8s:inference/llama-0/vllm", "k8s:inference/gone", "--format", "oneline")
@@ -127,6 +147,11 @@ def test_a_pod_end_to_end_probe_by_exec_startup_by_logs(tmp_path, monkeypatch):
     assert [r["rank"] for r in t["startup"]["ranks"]] == ["Worker_TP0 pid={}".format(pids["tp0"]),
                                                           "Worker_TP1 pid={}".format(pids["tp1"])]
     assert t["verdict"]
+    # the pod as the API server names it: the probe inside cannot see the node's kubelet layout
+    assert t["pod"] == {"namespace": "inference", "name": "llama-0", "uid": UID, "container": "vllm",
+                        "qos": "guaranteed"}
+    assert ["get", "pod", "--context", "prod", "-n", "inference", "llama-0", "-o", "json"] in _calls(calls)
+    assert "pod inference/llama-0 (container vllm)" in brief
     exec_call = ["exec", "-i", "--context", "prod", "-n", "inference", "llama-0", "-c", "vllm", "--", "python3", "-I",
                  "-"]
     assert exec_call in _calls(calls)

@@ -279,14 +279,28 @@ class Snapshot:
     collector_runs: Tuple[CollectorRun, ...]
     problems: Tuple[Problem, ...]  # every collector's, in section order
     raw: Mapping[str, Any]  # the validated document, for --save and for run keys
+    pod: Optional[Pod] = None  # k8s: targets: the pod kubectl reached (the API server's names)
 
     @property
     def others(self) -> Tuple[Engine, ...]:
         return tuple(e for e in self.engines if e is not self.selected)
 
+    @property
+    def engine_pod(self) -> Optional[Pod]:
+        """The pod of the engine explained: as the node's kubelet layout names it, else (a probe run inside the
+        pod through kubectl, which sees no kubelet layout) the pod kubectl reached."""
+        found = self.selected.pod if self.selected is not None else None
+        return found if found is not None else (self.pod if self.selected is not None else None)
+
 
 def _problems(section: Mapping[str, Any]) -> Tuple[Problem, ...]:
     return tuple(Problem(p["code"], p["message"]) for p in section.get("problems") or ())
+
+
+def _reached_pod(d: Optional[Mapping[str, Any]]) -> Optional[Pod]:
+    if not d:
+        return None
+    return Pod(namespace=d["namespace"], name=d["name"], uid=d["uid"], container=d.get("container"), qos=d.get("qos"))
 
 
 def _pod(container: Optional[Mapping[str, Any]]) -> Optional[Pod]:
@@ -423,4 +437,5 @@ def parse(document: Any) -> Snapshot:
         processes=_gpu_processes(document), engine_log=_engine_log(document.get("engine_log") or {}),
         model_config=cfg.get("config"), model_config_path=cfg.get("path"),
         http=_engine_http(document.get("engine_http") or {}), collector_runs=_collector_runs(document),
+        pod=_reached_pod(document.get("pod")),
         problems=_all_problems(document) + _unknown_engines(document), raw=document)

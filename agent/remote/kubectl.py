@@ -12,6 +12,7 @@ shell ever sees them.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import shutil
 import subprocess
@@ -85,6 +86,46 @@ def check_context(context: Optional[str]) -> None:
 def _pod_args(context: Optional[str], target: PodTarget) -> List[str]:
     argv = (["--context", context] if context else []) + ["-n", target.namespace, target.pod]
     return argv + (["-c", target.container] if target.container else [])
+
+
+def get_argv(target: PodTarget, context: Optional[str]) -> List[str]:
+    """kubectl get pod [--context C] -n NS POD -o json"""
+    return ["kubectl", "get", "pod"] + (["--context", context] if context else []) + [
+        "-n", target.namespace, target.pod, "-o", "json"]
+
+
+_QOS = {"Guaranteed": "guaranteed", "Burstable": "burstable", "BestEffort": "besteffort"}
+_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
+
+
+def reached_pod(obj: Any, target: PodTarget) -> Optional[Dict[str, Any]]:
+    """The snapshot's ``pod`` from the API server's pod object: its uid and QoS class, and the container
+    kubectl exec entered (the one named, else the default-container annotation, else the first: kubectl's
+    own rule). None when the object is not the pod asked for."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict) or meta.get("name") != target.pod or meta.get("namespace") != target.namespace:
+        return None
+    uid = meta.get("uid")
+    if not isinstance(uid, str) or not 0 < len(uid) <= 64:
+        return None
+    spec, status = obj.get("spec"), obj.get("status")
+    names = [c.get("name") for c in (spec.get("containers") if isinstance(spec, dict) else None) or ()
+             if isinstance(c, dict) and isinstance(c.get("name"), str) and len(c["name"]) <= 63]
+    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    default = notes.get(_DEFAULT_CONTAINER) if notes.get(_DEFAULT_CONTAINER) in names else (names[0] if names else None)
+    qos = status.get("qosClass") if isinstance(status, dict) else None
+    return {"namespace": target.namespace, "name": target.pod, "uid": uid,
+            "container": target.container or default, "qos": _QOS.get(qos) if isinstance(qos, str) else None}
+
+
+def get_pod(target: PodTarget, context: Optional[str], deadline: float) -> Optional[Dict[str, Any]]:
+    """``reached_pod`` of ``kubectl get pod -o json``; None when kubectl cannot say (the report's pod is then
+    null, as before: the snapshot itself is not lost over it)."""
+    try:
+        code, out, _ = _run(get_argv(target, context), b"", deadline)
+        return reached_pod(json.loads(out.decode("utf-8", "replace")), target) if code == 0 else None
+    except (KubectlError, ValueError):
+        return None
 
 
 def exec_argv(target: PodTarget, context: Optional[str]) -> List[str]:
@@ -271,6 +312,7 @@ def collect_one(name: str, context: Optional[str], probe: probe_mod.Probe, optio
         if shutil.which("kubectl") is None:
             raise KubectlError("error", "kubectl.missing", "kubectl is not installed (not on PATH)")
         snap = probe_pod(target, context, probe, deadline)
+        snap["pod"] = get_pod(target, context, deadline)
         if not options.get("log"):  # --log names a file inside the pod: the probe read it there
             with tempfile.TemporaryDirectory(prefix="kvf-k8s-") as folder:
                 snap["engine_log"] = read_log(target, context, options.get("startup", -1), _engine(snap), deadline,
