@@ -147,3 +147,20 @@ def test_serving_lines_after_a_startup_show_it_finished(tmp_path):
         assert report["startup"]["count"] == 1 and report["startup"]["complete"] is True
         assert len(report["startup"]["ranks"]) == 1
         assert report["startup"]["ranks"][0]["available_kv_bytes"] == round(33.31 * GIB)
+
+
+@pytest.mark.parametrize("prefix, tag", [
+    ("(VllmWorker TP1 pid=3975) ", "VllmWorker TP1 pid=3975"),
+    ("(VllmWorker PP1_TP0 pid=7) ", "VllmWorker PP1_TP0 pid=7"),
+    ("(VllmWorker PP1 pid=7) ", "VllmWorker PP1 pid=7"),
+    ("(VllmWorker pid=7) ", "VllmWorker pid=7"),
+    ("(Worker_TP0 pid=26347) ", "Worker_TP0 pid=26347"),
+])
+def test_vllm_010_multiproc_worker_prefix_is_a_worker(prefix, tag):
+    """vLLM 0.10.x's V1 multiproc workers print "(VllmWorker TP0 pid=N)", a blank inside the name
+    (entry 43): each is its own worker, not a record without a process."""
+    from collectors.vllm.log import parse_line, split_record
+    line = prefix + "INFO 09-03 02:12:25 [gpu_worker.py:276] Available KV cache memory: 31.83 GiB"
+    assert split_record(line)[1] == tag
+    (ev,) = parse_line(line, 1)
+    assert ev.rank == tag and ev.kind == "available_kv"

@@ -617,7 +617,10 @@ def _family(events: Tuple[LogEvent, ...]) -> Optional[str]:
 
 
 def _v1_line(ev: LogEvent) -> bool:
-    return (ev.kind in _V1_KINDS or ev.fmt in _V1_FMTS or (ev.rank or "").startswith(("EngineCore", "Worker_"))
+    # "VllmWorker TP0" (with a blank) is V1's multiproc worker in 0.10.x (v0.10.1.1
+    # v1/executor/multiproc_executor.py WorkerProc.__init__); V0's is "VllmWorkerProcess".
+    return (ev.kind in _V1_KINDS or ev.fmt in _V1_FMTS
+            or (ev.rank or "").startswith(("EngineCore", "Worker_", "VllmWorker "))
             or (_is_banner(ev) and bool(ev.data.get("v1"))))
 
 
