@@ -81,6 +81,8 @@ def test_figures(log):
             assert st[key] == fig[key], (key, st[key], fig[key])
     if "max_concurrency" in fig:
         assert st["max_concurrency"] == fig["max_concurrency"]
+    for key, value in (fig.get("server_args") or {}).items():  # the 'non-default args:' line (0.10+)
+        assert t["engine"]["server_args"].get(key) == value, (key, value, t["engine"]["server_args"])
     if "kv_cache_tokens" in fig:
         assert fig["kv_cache_tokens"] in st["kv_cache_reports"]
     for name, wfig in (fig.get("workers") or {}).items():
@@ -164,3 +166,21 @@ def test_vllm_010_multiproc_worker_prefix_is_a_worker(prefix, tag):
     assert split_record(line)[1] == tag
     (ev,) = parse_line(line, 1)
     assert ev.rank == tag and ev.kind == "available_kv"
+
+
+def test_a_hard_wrapped_args_dict_is_joined_back(tmp_path):
+    """A console copy wrapped at a fixed width (entries 42, 43) cuts 'non-default args: {…}' anywhere,
+    here inside a key: the header-less lines right after it are its rest. A dict tail that follows
+    another line (the sampling-params line) or comes after a gap is not the args line's."""
+    excerpt = (CORPUS / "42_v1-01011-tp1-complete-a100-util050-hard-wrapped.log").read_text().splitlines(True)
+    head = ("(APIServer pid=9) INFO 09-04 01:28:28 [utils.py:326] non-default args: {'model': 'm', 'gpu_memory_\n"
+            "utilization': 0.3, 'max_model_len': 81\n92, 'tensor_parallel_size': 1}\n")
+    log = tmp_path / "wrapped.log"
+    log.write_text(head + "".join(excerpt[4:]))
+    args = _report(log)["engine"]["server_args"]
+    assert args["gpu_memory_utilization"] == 0.3 and args["tensor_parallel_size"] == 1
+    assert args["max_model_len"] == 8192
+    gap = head.replace("\nutilization", "\nINFO 09-04 01:28:28 [x.py:1] -\nutilization")
+    log.write_text(gap + "".join(excerpt[4:]))
+    args = _report(log)["engine"]["server_args"]
+    assert "gpu_memory_utilization" not in args and "tensor_parallel_size" not in args

@@ -128,7 +128,7 @@ class StartupSegmenter:
             self._banners.add(_process_name(ev))
         if ev.kind in _LAUNCH_KINDS:
             self._launch_fmts.add(ev.fmt)
-        else:
+        elif ev.kind != "args_tail":  # a hard-wrapped args line's rest is still the launch's
             self._launch_only = False
         if ev.kind in _ONCE_PER_WORKER:
             self._seen.add((ev.rank or "", ev.kind))
