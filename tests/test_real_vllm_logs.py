@@ -170,17 +170,16 @@ def test_vllm_010_multiproc_worker_prefix_is_a_worker(prefix, tag):
 
 def test_a_hard_wrapped_args_dict_is_joined_back(tmp_path):
     """A console copy wrapped at a fixed width (entries 42, 43) cuts 'non-default args: {…}' anywhere,
-    here inside a key: the header-less lines right after it are its rest. A dict tail that follows
-    another line (the sampling-params line) or comes after a gap is not the args line's."""
+    here inside values: the header-less lines right after it are its rest. A dict tail that follows
+    another line (the sampling-params line) or comes after a gap is not the args line's, and a value
+    cut at the end of what was found is left unknown, not read as its first digits."""
     excerpt = (CORPUS / "42_v1-01011-tp1-complete-a100-util050-hard-wrapped.log").read_text().splitlines(True)
-    head = ("(APIServer pid=9) INFO 09-04 01:28:28 [utils.py:326] non-default args: {'model': 'm', 'gpu_memory_\n"
-            "utilization': 0.3, 'max_model_len': 81\n92, 'tensor_parallel_size': 1}\n")
+    head = ("(APIServer pid=9) INFO 09-04 01:28:28 [utils.py:326] non-default args: {'model': 'm', 'gpu_memory_"
+            "utilization': 0.3, 'max_model_len': 81\n92, 'tensor_parallel_size': 1, 'port': 80\n81}\n")
     log = tmp_path / "wrapped.log"
     log.write_text(head + "".join(excerpt[4:]))
     args = _report(log)["engine"]["server_args"]
-    assert args["gpu_memory_utilization"] == 0.3 and args["tensor_parallel_size"] == 1
-    assert args["max_model_len"] == 8192
-    gap = head.replace("\nutilization", "\nINFO 09-04 01:28:28 [x.py:1] -\nutilization")
+    assert args == {"gpu_memory_utilization": 0.3, "max_model_len": 8192, "tensor_parallel_size": 1}
+    gap = head.replace("\n92", "\nINFO 09-04 01:28:28 [x.py:1] -\n92")
     log.write_text(gap + "".join(excerpt[4:]))
-    args = _report(log)["engine"]["server_args"]
-    assert "gpu_memory_utilization" not in args and "tensor_parallel_size" not in args
+    assert _report(log)["engine"]["server_args"] == {"gpu_memory_utilization": 0.3}

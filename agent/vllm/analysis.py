@@ -26,7 +26,7 @@ from agent.vllm import kv_geometry
 from collectors.events import LogEvent
 from collectors.lineformat import Version
 from collectors.units import gib
-from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES, arg_values
+from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES, arg_values, whole_items
 from collectors.vllm.startups import Startup
 
 ERAS = (  # (name, since, until, graphs inside the budget)
@@ -880,7 +880,8 @@ def _server_args(events: Tuple[LogEvent, ...],
 def _joined_args(events: Tuple[LogEvent, ...], at: int) -> Dict[str, Any]:
     """The arguments of the args line ``events[at]``; when a console hard-wrapped its dict, with the
     header-less lines right after it (args_tail, no process prefix, consecutive line numbers) joined
-    back as printed, so a key or value cut by the wrap still reads."""
+    back as printed, so a value cut by the wrap still reads; an item cut at the end of what was
+    found is left out, not misread."""
     ev = events[at]
     if not ev.data.get("open") or ev.line is None:
         return ev.data["args"]
@@ -892,7 +893,7 @@ def _joined_args(events: Tuple[LogEvent, ...], at: int) -> Dict[str, Any]:
         text, line = text + tail.raw.rstrip("\r\n"), tail.line
         if text.endswith("}"):
             break
-    return arg_values(text) if line != ev.line else ev.data["args"]
+    return arg_values(whole_items(text)) if line != ev.line else ev.data["args"]
 
 
 def _blocks(events: Tuple[LogEvent, ...]) -> Tuple[Optional[int], Optional[int]]:

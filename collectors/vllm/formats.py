@@ -240,11 +240,20 @@ def arg_values(text: str) -> Dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
 
 
+def whole_items(text: str) -> str:
+    """An args dict cut by a hard wrap (no closing ``}``) up to its last whole item: the value before
+    the cut may be cut too ('max_model_len': 81|92 would read 81)."""
+    if text.endswith("}"):
+        return text
+    at = text.rfind(", ")
+    return text[:at] if at >= 0 else ""
+
+
 def _args(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
-    data: Dict[str, Any] = {"args": arg_values(msg)}
-    if msg.startswith("non-default args: {") and not msg.endswith("}"):
-        data["open"] = True  # hard-wrapped: the dict goes on over the next lines (row args_wrapped)
-    return data
+    if not msg.startswith("non-default args: {") or msg.endswith("}"):
+        return {"args": arg_values(msg)}
+    # hard-wrapped: the dict goes on over the next lines (rows args_wrapped_*)
+    return {"args": arg_values(whole_items(msg)), "open": True}
 
 
 def _empty(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -376,7 +385,12 @@ FORMATS = (
     # A console copy that hard-wraps long lines (real_vllm entries 42, 43: wrapped at ~138 columns)
     # puts the rest of an open 'non-default args: {' dict on lines without header or prefix; the
     # analysis joins a run of them, line after line, to the open args line (and to nothing else).
-    _row("args_wrapped", "args_tail", "': ", r"^[^{}]*'\w*': [^{}]*\}?$", _empty),
+    # One needle per argument read: a bare "': " would make every dict-bearing serving line a
+    # candidate (10x slower on a log of them, bench/RESULTS.md); a tail holding none of them holds no
+    # argument the reports read, unless the wrap cut inside its key (then that argument stays unknown).
+    *(_row("args_wrapped_" + key.split("'")[0], "args_tail", key, r"^[^{}]*'\w*': [^{}]*\}?$", _empty)
+      for key in ("gpu_memory_utilization': ", "max_model_len': ", "kv_cache_dtype': ", "tensor_parallel_size': ",
+                  "kv_cache_memory_bytes': ")),
     _row("kv_fp8", "kv_dtype", "data type to store kv cache", r"^Using (fp8\w*) data type to store kv cache",
          lambda m, msg: {"kv_cache_dtype": m.group(1)}),
     # 0.10.2 and 0.26+ INFO: the --kv-cache-memory suggestion ("… on startup. Desired …").
