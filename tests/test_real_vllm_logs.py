@@ -5,7 +5,8 @@ figures (``figures``, per worker in ``workers``), the failure and its line, the 
 report must make (``expected_findings``) and those it must not (``forbidden_findings``), and the
 source URL. ``README.md`` there indexes them. Sidecar figures that only a hand label or a thread's
 text can give (``kv_cache_dtype`` of entry 16, ``gpu_memory_utilization`` read from 22/23's
-advisory, ``mamba_cache_blocks``) are not checked against the report.
+advisory, ``mamba_cache_blocks``) are not checked against the report, nor is ``num_gpu_blocks_logged``
+(entries 42–44: the API server's "num_gpu_blocks is: N" line, which the parser does not read).
 """
 
 from __future__ import annotations
