@@ -45,6 +45,10 @@ WRITTEN = {
                                  "`gpu_memory_utilization` when initializing the engine.",
     ("vllm", "non_default_args"): "non-default args: {'model': 'm', 'gpu_memory_utilization': 0.9, "
                                   "'max_model_len': 4096, 'tensor_parallel_size': 2}",
+    ("vllm", "args_wrapped_max_model_len"): "n2-7B-Instruct', 'max_model_len': 16384}",
+    ("vllm", "args_wrapped_kv_cache_dtype"): "81', 'kv_cache_dtype': 'fp8'}",
+    ("vllm", "args_wrapped_tensor_parallel_size"): "t', 'tensor_parallel_size': 2, 'port': 8000",
+    ("vllm", "args_wrapped_kv_cache_memory_bytes"): "0, 'kv_cache_memory_bytes': '50G'}",
     ("vllm", "oom"): "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
     ("vllm", "oom_error"): "torch.OutOfMemoryError: boom",
     ("vllm", "profile_error"): "AssertionError: Error in memory profiling. Initial free memory 70.2 GiB",

@@ -5,7 +5,8 @@ figures (``figures``, per worker in ``workers``), the failure and its line, the 
 report must make (``expected_findings``) and those it must not (``forbidden_findings``), and the
 source URL. ``README.md`` there indexes them. Sidecar figures that only a hand label or a thread's
 text can give (``kv_cache_dtype`` of entry 16, ``gpu_memory_utilization`` read from 22/23's
-advisory, ``mamba_cache_blocks``) are not checked against the report.
+advisory, ``mamba_cache_blocks``) are not checked against the report, nor is ``num_gpu_blocks_logged``
+(entries 42–44: the API server's "num_gpu_blocks is: N" line, which the parser does not read).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def test_figures(log):
             assert st[key] == fig[key], (key, st[key], fig[key])
     if "max_concurrency" in fig:
         assert st["max_concurrency"] == fig["max_concurrency"]
+    for key, value in (fig.get("server_args") or {}).items():  # the 'non-default args:' line (0.10+)
+        assert t["engine"]["server_args"].get(key) == value, (key, value, t["engine"]["server_args"])
     if "kv_cache_tokens" in fig:
         assert fig["kv_cache_tokens"] in st["kv_cache_reports"]
     for name, wfig in (fig.get("workers") or {}).items():
@@ -147,3 +150,37 @@ def test_serving_lines_after_a_startup_show_it_finished(tmp_path):
         assert report["startup"]["count"] == 1 and report["startup"]["complete"] is True
         assert len(report["startup"]["ranks"]) == 1
         assert report["startup"]["ranks"][0]["available_kv_bytes"] == round(33.31 * GIB)
+
+
+@pytest.mark.parametrize("prefix, tag", [
+    ("(VllmWorker TP1 pid=3975) ", "VllmWorker TP1 pid=3975"),
+    ("(VllmWorker PP1_TP0 pid=7) ", "VllmWorker PP1_TP0 pid=7"),
+    ("(VllmWorker PP1 pid=7) ", "VllmWorker PP1 pid=7"),
+    ("(VllmWorker pid=7) ", "VllmWorker pid=7"),
+    ("(Worker_TP0 pid=26347) ", "Worker_TP0 pid=26347"),
+])
+def test_vllm_010_multiproc_worker_prefix_is_a_worker(prefix, tag):
+    """vLLM 0.10.x's V1 multiproc workers print "(VllmWorker TP0 pid=N)", a blank inside the name
+    (entry 43): each is its own worker, not a record without a process."""
+    from collectors.vllm.log import parse_line, split_record
+    line = prefix + "INFO 09-03 02:12:25 [gpu_worker.py:276] Available KV cache memory: 31.83 GiB"
+    assert split_record(line)[1] == tag
+    (ev,) = parse_line(line, 1)
+    assert ev.rank == tag and ev.kind == "available_kv"
+
+
+def test_a_hard_wrapped_args_dict_is_joined_back(tmp_path):
+    """A console copy wrapped at a fixed width (entries 42, 43) cuts 'non-default args: {…}' anywhere,
+    here inside values: the header-less lines right after it are its rest. A dict tail that follows
+    another line (the sampling-params line) or comes after a gap is not the args line's, and a value
+    cut at the end of what was found is left unknown, not read as its first digits."""
+    excerpt = (CORPUS / "42_v1-01011-tp1-complete-a100-util050-hard-wrapped.log").read_text().splitlines(True)
+    head = ("(APIServer pid=9) INFO 09-04 01:28:28 [utils.py:326] non-default args: {'model': 'm', 'gpu_memory_"
+            "utilization': 0.3, 'max_model_len': 81\n92, 'tensor_parallel_size': 1, 'port': 80\n81}\n")
+    log = tmp_path / "wrapped.log"
+    log.write_text(head + "".join(excerpt[4:]))
+    args = _report(log)["engine"]["server_args"]
+    assert args == {"gpu_memory_utilization": 0.3, "max_model_len": 8192, "tensor_parallel_size": 1}
+    gap = head.replace("\n92", "\nINFO 09-04 01:28:28 [x.py:1] -\n92")
+    log.write_text(gap + "".join(excerpt[4:]))
+    assert _report(log)["engine"]["server_args"] == {"gpu_memory_utilization": 0.3}

@@ -26,7 +26,7 @@ from agent.vllm import kv_geometry
 from collectors.events import LogEvent
 from collectors.lineformat import Version
 from collectors.units import gib
-from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES
+from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES, arg_values, whole_items
 from collectors.vllm.startups import Startup
 
 ERAS = (  # (name, since, until, graphs inside the budget)
@@ -617,7 +617,10 @@ def _family(events: Tuple[LogEvent, ...]) -> Optional[str]:
 
 
 def _v1_line(ev: LogEvent) -> bool:
-    return (ev.kind in _V1_KINDS or ev.fmt in _V1_FMTS or (ev.rank or "").startswith(("EngineCore", "Worker_"))
+    # "VllmWorker TP0" (with a blank) is V1's multiproc worker in 0.10.x (v0.10.1.1
+    # v1/executor/multiproc_executor.py WorkerProc.__init__); V0's is "VllmWorkerProcess".
+    return (ev.kind in _V1_KINDS or ev.fmt in _V1_FMTS
+            or (ev.rank or "").startswith(("EngineCore", "Worker_", "VllmWorker "))
             or (_is_banner(ev) and bool(ev.data.get("v1"))))
 
 
@@ -858,9 +861,9 @@ def _server_args(events: Tuple[LogEvent, ...],
     the values that were not."""
     args: Dict[str, Any] = {}
     problems: List[Problem] = []
-    for ev in events:
+    for at, ev in enumerate(events):
         if ev.kind == "args":
-            logged, dropped = flags.typed(ev.data["args"], FLAGS, "the log's arguments ({})".format(where(ev)))
+            logged, dropped = flags.typed(_joined_args(events, at), FLAGS, "the log's arguments ({})".format(where(ev)))
             args.update(logged)
             problems.extend(dropped)
         elif ev.kind == "engine_config":
@@ -872,6 +875,25 @@ def _server_args(events: Tuple[LogEvent, ...],
     for key, value in given.items():
         args.setdefault(key, value)
     return args, tuple(problems)
+
+
+def _joined_args(events: Tuple[LogEvent, ...], at: int) -> Dict[str, Any]:
+    """The arguments of the args line ``events[at]``; when a console hard-wrapped its dict, with the
+    header-less lines right after it (args_tail, no process prefix, consecutive line numbers) joined
+    back as printed, so a value cut by the wrap still reads; an item cut at the end of what was
+    found is left out, not misread."""
+    ev = events[at]
+    if not ev.data.get("open") or ev.line is None:
+        return ev.data["args"]
+    raw = ev.raw.rstrip("\r\n")
+    text, line = raw[raw.find("non-default args: {"):], ev.line
+    for tail in events[at + 1:]:
+        if tail.kind != "args_tail" or tail.rank is not None or tail.line != line + 1:
+            break
+        text, line = text + tail.raw.rstrip("\r\n"), tail.line
+        if text.endswith("}"):
+            break
+    return arg_values(whole_items(text)) if line != ev.line else ev.data["args"]
 
 
 def _blocks(events: Tuple[LogEvent, ...]) -> Tuple[Optional[int], Optional[int]]:

@@ -231,11 +231,29 @@ _ARG_TP = Lazy(r"(?:(?:--tensor-parallel-size|-tp)[= ]|'tensor_parallel_size': )
 _ARG_KV_BYTES = Lazy(r"(?:--kv-cache-memory(?:-bytes)?[= ]|'kv_cache_memory_bytes': )'?([\w.]{1,24})")
 
 
+def arg_values(text: str) -> Dict[str, Any]:
+    """The arguments the reports read, from a ``non-default args: {…}`` dict or a command line."""
+    data = {"gpu_memory_utilization": _fraction(_find(_ARG_UTIL, text)),
+            "max_model_len": count(_find(_ARG_LEN, text)), "kv_cache_dtype": _find(_ARG_DTYPE, text),
+            "tensor_parallel_size": count(_find(_ARG_TP, text)),
+            "kv_cache_memory_bytes": _find(_ARG_KV_BYTES, text)}  # kept as printed: "50G" is valid too
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def whole_items(text: str) -> str:
+    """An args dict cut by a hard wrap (no closing ``}``) up to its last whole item: the value before
+    the cut may be cut too ('max_model_len': 81|92 would read 81)."""
+    if text.endswith("}"):
+        return text
+    at = text.rfind(", ")
+    return text[:at] if at >= 0 else ""
+
+
 def _args(m: "re.Match[str]", msg: str) -> Optional[Dict[str, Any]]:
-    data = {"gpu_memory_utilization": _fraction(_find(_ARG_UTIL, msg)), "max_model_len": count(_find(_ARG_LEN, msg)),
-            "kv_cache_dtype": _find(_ARG_DTYPE, msg), "tensor_parallel_size": count(_find(_ARG_TP, msg)),
-            "kv_cache_memory_bytes": _find(_ARG_KV_BYTES, msg)}  # kept as printed: "50G" is valid too
-    return {"args": {k: v for k, v in data.items() if v is not None}}
+    if not msg.startswith("non-default args: {") or msg.endswith("}"):
+        return {"args": arg_values(msg)}
+    # hard-wrapped: the dict goes on over the next lines (rows args_wrapped_*)
+    return {"args": arg_values(whole_items(msg)), "open": True}
 
 
 def _empty(m: "re.Match[str]", msg: str) -> Dict[str, Any]:
@@ -364,6 +382,15 @@ FORMATS = (
     _row("non_default_args", "args", "non-default args:", r"^non-default args: \{", _args,
          always("0.10.0", None, "'non-default args:'")),
     _row("cli", "args", "vllm serve", r"vllm serve ", _args, anywhere=True),
+    # A console copy that hard-wraps long lines (real_vllm entries 42, 43: wrapped at ~138 columns)
+    # puts the rest of an open 'non-default args: {' dict on lines without header or prefix; the
+    # analysis joins a run of them, line after line, to the open args line (and to nothing else).
+    # One needle per argument read: a bare "': " would make every dict-bearing serving line a
+    # candidate (10x slower on a log of them, bench/RESULTS.md); a tail holding none of them holds no
+    # argument the reports read, unless the wrap cut inside its key (then that argument stays unknown).
+    *(_row("args_wrapped_" + key.split("'")[0], "args_tail", key, r"^[^{}]*'\w*': [^{}]*\}?$", _empty)
+      for key in ("gpu_memory_utilization': ", "max_model_len': ", "kv_cache_dtype': ", "tensor_parallel_size': ",
+                  "kv_cache_memory_bytes': ")),
     _row("kv_fp8", "kv_dtype", "data type to store kv cache", r"^Using (fp8\w*) data type to store kv cache",
          lambda m, msg: {"kv_cache_dtype": m.group(1)}),
     # 0.10.2 and 0.26+ INFO: the --kv-cache-memory suggestion ("… on startup. Desired …").
@@ -408,7 +435,7 @@ FORMATS = (
 
 GENERIC_CAUSES = ("engine_failed", "worker_died", "exception")
 # Kinds only a vLLM log prints: engine detection counts them (failures and frames are shared shapes).
-SPECIFIC_KINDS = frozenset(r.kind for r in FORMATS) - {"failure", "exception", "frame"}
+SPECIFIC_KINDS = frozenset(r.kind for r in FORMATS) - {"failure", "exception", "frame", "args_tail"}
 BY_NAME = {row.name: row for row in FORMATS}
 # What the log reader parses on every line: the serving lines (IDLE_NEEDLES) only end a startup, looked for
 # apart (collectors/vllm/plugin.py).

@@ -2,7 +2,8 @@
 
 A vLLM record is ``LEVEL MM-DD HH:MM:SS [file.py:123] message`` (``file.py:123]`` without ``[``
 before 0.8), often behind process prefixes: ``(VllmWorkerProcess pid=13105) ``,
-``(EngineCore_DP0 pid=563) ``, ``(Worker_TP0 pid=26347) ``, Ray's ``(RayWorkerWrapper pid=N, ip=A) ``
+``(EngineCore_DP0 pid=563) ``, ``(VllmWorker TP0 pid=3974) `` (0.10.x), ``(Worker_TP0 pid=26347) ``,
+Ray's ``(RayWorkerWrapper pid=N, ip=A) ``
 (nested under Ray Serve), and Ray's ``[repeated 30x across cluster]`` suffix. The innermost
 prefix is the worker tag (``"Worker_TP0 pid=26347"``); ``""`` for a record without one;
 ``None`` for a line with no vLLM header at all (traceback text, a pasted fragment).
@@ -26,8 +27,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # "2025-02-22 12:25:53 | pod/container | ", "[2026-02-24T20:21:58Z] ", "> ", "- ", "[rank0]: ".
 _FOREIGN = re.compile(
     r"^(?:\d{4}-\d{2}-\d{2}[ T][\d:.,]+ \| [^|]* \| |\[\d{4}-\d{2}-\d{2}T[\d:.,]+Z?\] |> |- |\[rank\d+\]: ?)+")
-# One process prefix: "(Name pid=N)" or "(Name pid=N, ip=A)"; Ray Serve nests several.
-_PROC = re.compile(r"^\(?(?P<tag>[\w:.@/-]+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?)\)\s*")
+# One process prefix: "(Name pid=N)" or "(Name pid=N, ip=A)"; Ray Serve nests several. The name may
+# carry a blank and a rank: vLLM 0.10.x's multiproc workers print "(VllmWorker TP0 pid=N)" (v0.10.1.1
+# v1/executor/multiproc_executor.py WorkerProc.__init__: process_name = f"{process_name} {suffix}",
+# suffix "TP0", "PP1", "PP1_TP0"; later releases print "Worker_TP0").
+_PROC = re.compile(r"^\(?(?P<tag>[\w:.@/-]+(?: (?:PP\d+_?)?(?:TP\d+)?)? pid=\d+(?:, ip=[\d.:a-fA-F]+)?)\)\s*")
 _HEADER = re.compile(
     r"^(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +)?(?:(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?) +)?"
     r"\[?(?P<file>[\w.-]+\.py)(?::(?P<lineno>\d+))?\] +")

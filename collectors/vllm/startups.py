@@ -128,7 +128,7 @@ class StartupSegmenter:
             self._banners.add(_process_name(ev))
         if ev.kind in _LAUNCH_KINDS:
             self._launch_fmts.add(ev.fmt)
-        else:
+        elif ev.kind != "args_tail":  # a hard-wrapped args line's rest is still the launch's
             self._launch_only = False
         if ev.kind in _ONCE_PER_WORKER:
             self._seen.add((ev.rank or "", ev.kind))
@@ -166,7 +166,9 @@ def begins_cleanly(startup: Startup, window_start: int, back: int) -> bool:
 
 # The process prefixes vLLM prints before a record (another framework's Ray actor, e.g. verl's
 # WorkerDict, is not vLLM's).
-_OWN_PROCESSES = ("EngineCore", "Worker_", "Worker pid", "VllmWorkerProcess", "RayWorkerWrapper", "RayWorkerProc")
+# "VllmWorker " is 0.10.x's multiproc worker ("VllmWorker TP1 pid=3975", see log.py).
+_OWN_PROCESSES = ("EngineCore", "Worker_", "Worker pid", "VllmWorkerProcess", "VllmWorker ", "RayWorkerWrapper",
+                  "RayWorkerProc")
 
 
 def owns_event(ev: LogEvent) -> bool:
