@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_record.py
 	$(BIN)/python bench/bench_hostile.py
 	$(BIN)/python bench/bench_perf.py
+	$(BIN)/python bench/bench_dict_lines.py
 
 # The source distribution (tests, deployment files and all) and the container image built from it
 # (deploy/kubernetes/Containerfile; BUILDER=docker or buildah also work).
