@@ -320,11 +320,26 @@ def test_watch_ctrl_c_leaves_cleanly(node):
     proc = subprocess.Popen([sys.executable, "-m", "agent", "watch", "--interval", "0.2", "--nvml-lib", str(FAKE_LIB),
                              "--no-http", "--no-color"], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
+    # Ctrl-C once it shows its first screen: a fixed sleep raced start-up on a loaded machine
+    first = _first_line_with(proc, "kvforensics watch", timeout_s=60.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
-    assert "Traceback" not in err and "kvforensics watch" in out
+    assert "Traceback" not in err and "kvforensics watch" in first + out
+
+
+def _first_line_with(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
+    """What ``proc`` printed up to and including its first line holding ``text`` (or until it stopped)."""
+    import select
+
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if not line or text in line:
+                break
+    return "".join(seen)
 
 
 def test_alert_rules_parse_and_use_exported_metrics():

@@ -84,7 +84,7 @@ def env(tmp_path, server, jump, no_python, keys):
 
 
 def _run(env, *argv, expect=None):
-    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "20", "--json",
+    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "60", "--json",
                               "--no-http", *argv])
     doc = json.loads(out)
     if expect is not None:
@@ -284,7 +284,7 @@ def test_one_host_over_ssh_is_one_screen_and_a_fleet_one_line_per_host(env, remo
     """inspect HOST prints the node's answer on one screen (the full report with --detail); several
     hosts print one line each, and each host's full report after them only with --detail."""
     monkeypatch.setenv("COLUMNS", "80")
-    base = ["inspect", "--ssh-config", str(env["config"]), "--timeout", "20", "--no-http", "--no-color",
+    base = ["inspect", "--ssh-config", str(env["config"]), "--timeout", "60", "--no-http", "--no-color",
             "--nvml-lib", str(remote_lib)]
     code, short, err = run_cli(base + ["node"])
     lines = short.splitlines()
@@ -587,7 +587,7 @@ def test_every_failed_target_is_said_in_one_line(env, server, keys, closed_ports
     failures = [_failure(kind, env, server, keys, closed_ports)]
     if several:
         failures.append(_failure("closed port", env, server, keys, closed_ports))
-    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "20", "--no-http",
+    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "60", "--no-http",
                               "--no-color", "--format", fmt] + [target for target, _, _ in failures])
     assert code == 3, err
     lines = ["kvforensics: {}: {}: {}".format(*f) for f in failures]
