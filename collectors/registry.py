@@ -30,6 +30,12 @@ class UnknownEngine(KeyError):
     """A name no registered engine has."""
 
 
+def _named(where: str) -> Any:
+    """The attribute ``"module:attribute"`` names, its module imported now."""
+    module, attr = where.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 class lazy(object):  # noqa: N801 — reads as a function at the call site
     """A function named ``"module:attribute"``, imported on its first call (then called directly)."""
 
@@ -42,8 +48,7 @@ class lazy(object):  # noqa: N801 — reads as a function at the call site
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         target = self._target
         if target is None:
-            module, attr = self.where.split(":")
-            target = self._target = getattr(importlib.import_module(module), attr)
+            target = self._target = _named(self.where)
         return target(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -63,8 +68,7 @@ class lazy_rows(object):  # noqa: N801 — reads as a tuple at the call site
 
     def _load(self) -> Tuple[Any, ...]:
         if self._rows is None:
-            module, attr = self.where.split(":")
-            self._rows = tuple(getattr(importlib.import_module(module), attr))
+            self._rows = tuple(_named(self.where))
         return self._rows
 
     def __iter__(self) -> Iterator[Any]:

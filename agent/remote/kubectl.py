@@ -83,15 +83,14 @@ def check_context(context: Optional[str]) -> None:
         raise ValueError("--context {!r} is not a kubeconfig context name".format(context))
 
 
-def _pod_args(context: Optional[str], target: PodTarget) -> List[str]:
+def _pod_args(context: Optional[str], target: PodTarget, container: bool = True) -> List[str]:
     argv = (["--context", context] if context else []) + ["-n", target.namespace, target.pod]
-    return argv + (["-c", target.container] if target.container else [])
+    return argv + (["-c", target.container] if container and target.container else [])
 
 
 def get_argv(target: PodTarget, context: Optional[str]) -> List[str]:
     """kubectl get pod [--context C] -n NS POD -o json"""
-    return ["kubectl", "get", "pod"] + (["--context", context] if context else []) + [
-        "-n", target.namespace, target.pod, "-o", "json"]
+    return ["kubectl", "get", "pod"] + _pod_args(context, target, container=False) + ["-o", "json"]
 
 
 _QOS = {"Guaranteed": "guaranteed", "Burstable": "burstable", "BestEffort": "besteffort"}
