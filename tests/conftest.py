@@ -6,7 +6,7 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -56,6 +56,37 @@ def run_cli(argv: List[str], stdin: Optional[bytes] = None) -> Tuple[int, str, s
         sys.stdout, sys.stderr, sys.stdin = old
     _check_json_contract(out.getvalue())
     return code, out.getvalue(), err.getvalue()
+
+
+EACH_FORMAT = (["--json"], ["--format", "markdown"], ["--no-color"], ["--format", "oneline"])
+
+
+def run_in_each_format(argv: List[str], formats: Sequence[List[str]], allowed: Tuple[int, ...]) -> List[int]:
+    """Exit codes of ``argv`` in each format; fails on a code outside ``allowed`` (exit 4 is a bug), a traceback,
+    a usage error of more than one line, or JSON that is not strict."""
+    codes = []
+    for fmt in formats:
+        code, out, err = run_cli(argv + list(fmt))
+        assert code in allowed, (argv, fmt, code, err)
+        assert "Traceback" not in err and "internal error" not in err, (fmt, err)
+        if code == 2:
+            assert len(err.strip().splitlines()) == 1, err
+        if list(fmt) == ["--json"] and out:
+            json.loads(out, parse_constant=lambda c: pytest.fail("non-strict JSON " + c))
+        codes.append(code)
+    return codes
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """The 8-GPU fake SGLang node (tests/fakenode.py), its NVML scenario in the environment; a module that needs
+    another node (its own port, a driver library) defines its own ``node``."""
+    from tests.fakenode import FakeNode, build_fake_nvml
+
+    build_fake_nvml()
+    with FakeNode(tmp_path / "node") as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        yield n
 
 
 def run_json(argv: List[str]) -> Tuple[int, dict]:

@@ -21,17 +21,17 @@ import secrets
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from tests.fakenode import ROOT, FakeVllmNode
 from tests.kubelet_shim import record as cri_record
+from tests.loopback_http import serving
 
 __all__ = ["DECOY_METRICS", "Node", "Pod", "PodVllmNode", "cri_record", "decoy", "merge_scenarios", "run_in_node",
            "why_not"]
@@ -241,14 +241,8 @@ class _Decoy(BaseHTTPRequestHandler):
 def decoy() -> Iterator[int]:
     """A server on the host's loopback, on a free port the pods' engines then use in their own namespaces:
     a request made on the host's 127.0.0.1 instead of the pod's reads 99 running requests."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Decoy)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_Decoy) as port:
+        yield port
 
 
 def run_in_node(node: Node, argv: List[str], env: Dict[str, str]) -> subprocess.CompletedProcess:

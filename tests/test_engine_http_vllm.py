@@ -10,7 +10,6 @@ import http.server
 import json
 import math
 import socket
-import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -19,6 +18,7 @@ import pytest
 from collectors import engine_http, exposition, loopback
 from collectors.vllm import metrics as vllm_metrics
 from tests.conftest import FIXTURES
+from tests.loopback_http import serving
 
 VLLM = FIXTURES / "vllm_metrics"
 
@@ -150,16 +150,8 @@ class _MetricsOnly(http.server.BaseHTTPRequestHandler):
 
 @contextmanager
 def metrics_server(body: bytes) -> Iterator[int]:
-    handler = type("Handler", (_MetricsOnly,), {"body": body})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(type("Handler", (_MetricsOnly,), {"body": body})) as port:
+        yield port
 
 
 def test_collect_reads_a_live_vllm_metrics_page():

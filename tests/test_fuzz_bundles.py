@@ -23,27 +23,17 @@ import pytest
 
 from agent.model import evidence
 from agent.remote import bundles
-from tests.conftest import ROOT, run_cli
+from tests.conftest import EACH_FORMAT, ROOT, run_cli, run_in_each_format
 from tests.test_fuzz_logs import mutate as mutate_log
 from tests.test_log_memory import PEAK
 
 SEED = json.loads((ROOT / "examples" / "seed-node.json").read_text(encoding="utf-8"))
 VLLM = json.loads((ROOT / "examples" / "vllm-node.json").read_text(encoding="utf-8"))
-FORMATS = (["--json"], ["--format", "markdown"], ["--no-color"], ["--format", "oneline"])
+FORMATS = EACH_FORMAT
 
 
 def _inspect_everywhere(path: Path, formats=FORMATS) -> List[int]:
-    codes = []
-    for fmt in formats:
-        code, out, err = run_cli(["inspect", "--from", str(path), *fmt])
-        assert code in (0, 1, 2, 3), (fmt, code, err)
-        assert "Traceback" not in err and "internal error" not in err, (fmt, err)
-        if code == 2:
-            assert len(err.strip().splitlines()) == 1, err
-        if fmt == ["--json"] and out:
-            json.loads(out, parse_constant=lambda c: pytest.fail("non-strict JSON " + c))
-        codes.append(code)
-    return codes
+    return run_in_each_format(["inspect", "--from", str(path)], formats, (0, 1, 2, 3))
 
 
 def _write(tmp_path: Path, doc: Dict[str, Any], name: str = "bundle.json") -> Path:

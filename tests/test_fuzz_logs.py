@@ -21,25 +21,15 @@ import pytest
 from agent.sglang import budget
 from collectors.vllm.log import parse_line as vllm_parse_line
 from collectors.vllm.log import split_record
-from tests.conftest import FIXTURES, ROOT, SEED_LOG, run_cli
+from tests.conftest import EACH_FORMAT, FIXTURES, ROOT, SEED_LOG, run_cli, run_in_each_format
 
 LOGS = sorted(FIXTURES.glob("real_*/*.log")) + sorted((ROOT / "examples").glob("*.log"))
-FORMATS = (["--json"], ["--format", "markdown"], ["--no-color"], ["--format", "oneline"])
+FORMATS = EACH_FORMAT
 
 
 def _analyze_everywhere(path: Path, formats=FORMATS) -> List[int]:
     """Exit codes of ``analyze`` in each format; fails on exit 4, a traceback or a second stderr line."""
-    codes = []
-    for fmt in formats:
-        code, out, err = run_cli(["analyze", str(path), *fmt])
-        assert code in (0, 1, 2), (path.name, fmt, code, err)
-        assert "Traceback" not in err and "internal error" not in err, (fmt, err)
-        if code == 2:
-            assert len(err.strip().splitlines()) == 1, err
-        if fmt == ["--json"] and out:
-            json.loads(out, parse_constant=lambda c: pytest.fail("non-strict JSON " + c))
-        codes.append(code)
-    return codes
+    return run_in_each_format(["analyze", str(path)], formats, (0, 1, 2))
 
 
 def _json(path: Path) -> dict:

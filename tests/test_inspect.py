@@ -9,13 +9,13 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, GIB, MIB, RESERVED, TOTAL, FakeNode, build_fake_nvml
+from tests.loopback_http import serving
 
 
 @pytest.fixture(scope="session")
@@ -243,16 +243,9 @@ class _Engine(http.server.BaseHTTPRequestHandler):
 
 
 def test_live_metrics_from_the_engine_on_loopback(tmp_path, fake_lib, monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-    port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with FakeNode(tmp_path, extra_flags=["--port", str(port)]) as n:
-            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
-            code, out, err = run_cli(["inspect", "--json", "--nvml-lib", str(FAKE_LIB), "--save",
-                                      str(tmp_path / "b.json")])
-    finally:
-        server.shutdown()
+    with serving(_Engine) as port, FakeNode(tmp_path, extra_flags=["--port", str(port)]) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        code, out, err = run_cli(["inspect", "--json", "--nvml-lib", str(FAKE_LIB), "--save", str(tmp_path / "b.json")])
     t = json.loads(out)["targets"][0]
     f = _codes(t)["concurrency_bound"]
     assert "running 17" in f["detail"] and "queued 5" in f["detail"] and "KV token usage 93%" in f["detail"]

@@ -18,14 +18,7 @@ import pytest
 from agent.history import store as history
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, GIB, FakeNode, build_fake_nvml
-
-
-@pytest.fixture
-def node(tmp_path, monkeypatch):
-    build_fake_nvml()
-    with FakeNode(tmp_path / "node") as n:
-        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
-        yield n
+from tests.loopback_http import serving
 
 
 def _record(db, prom=None, *extra):
@@ -377,7 +370,6 @@ def test_systemd_units_and_cron_line():
 
 def test_peak_kv_usage_from_live_metrics(tmp_path, monkeypatch):
     import http.server
-    import threading
 
     usage = iter([(40000, 0.25, 3), (151000, 0.95, 20), (90000, 0.56, 9)])
 
@@ -397,21 +389,16 @@ def test_peak_kv_usage_from_live_metrics(tmp_path, monkeypatch):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     build_fake_nvml()
     db = tmp_path / "h.db"
-    try:
-        with FakeNode(tmp_path / "node", extra_flags=["--port", str(server.server_address[1])]) as n:
-            monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
-            code, out, err = run_cli(["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--samples", "3",
-                                      "--interval", "0"])
-            assert code == 0, err
-    finally:
-        server.shutdown()
+    with serving(Engine) as port, FakeNode(tmp_path / "node", extra_flags=["--port", str(port)]) as n:
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
+        code, out, err = run_cli(["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--samples", "3",
+                                  "--interval", "0"])
+        assert code == 0, err
     run = json.loads(run_cli(["history", "--db", str(db), "--json"])[1])["runs"][0]
     assert run["peak_used_tokens"] == 151000 and run["peak_token_usage"] == 0.95
-    assert run["engine"] == "sglang-{}".format(server.server_address[1])
+    assert run["engine"] == "sglang-{}".format(port)
 
 
 def _families(prom):

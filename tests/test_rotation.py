@@ -30,14 +30,6 @@ def _value(series, name: str, **labels: str):
                                                                            for k, x in labels.items())), None)
 
 
-@pytest.fixture
-def node(tmp_path, monkeypatch):
-    build_fake_nvml()
-    with FakeNode(tmp_path / "node") as n:
-        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
-        yield n
-
-
 def _record(db: Path, prom: Path) -> Tuple[int, str, str]:
     return run_cli(["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http", "--prom-file", str(prom)])
 
