@@ -16,7 +16,7 @@ Expected budgets: V0-a 54.5 GiB / 27,904 blocks · V0-b 54.0 / 27,648 · V0-c 54
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -149,14 +149,14 @@ _V0_TAIL = ["Capturing cudagraphs for decoding. This may lead to unexpected cons
             "init engine (profile, create kv cache, warmup model) took 20.00 seconds"]
 
 
-def test_v0_b_0_6_4_global_profile(tmp_path):
-    """V0-b 0.6.4.post1 (vllm/worker/worker.py determine_num_available_blocks): KV = T·u − torch_peak_alloc
-    (weights included) − non_torch, non_torch = (T − free) − torch_allocated, device-wide (C + N + O)."""
+def _v0_b_startup(*tail: str) -> Tuple[List[str], int, int]:
+    """A 0.6.4.post1 worker's weights, profiling, blocks and concurrency lines, then ``tail``; with its KV
+    bytes and GPU blocks. KV = T·u − torch_peak_alloc (weights included) − non_torch, non_torch =
+    (T − free) − torch_allocated (vllm/worker/worker.py determine_num_available_blocks)."""
     initial, peak, post = W + C, W + A, W + C + N  # T − free before profiling; torch peak; T − free after
     non_torch = post - W
     kv = _requested() - peak - non_torch
     blocks = _v0_blocks(kv)
-    assert (kv, blocks) == (54 * GIB, 27648)  # facts §2 V0-b
     lines = _lines("worker.py:{}]".format(232), [
         "Loading model weights took {:.4f} GB".format(W / GIB),
         "Memory profiling results: total_gpu_memory={}GiB initial_memory_usage={}GiB peak_torch_memory={}GiB "
@@ -164,8 +164,18 @@ def test_v0_b_0_6_4_global_profile(tmp_path):
         .format(_f2(T), _f2(initial), _f2(peak), _f2(post), _f2(non_torch), _f2(kv), U),
         "# GPU blocks: {}, # CPU blocks: {}".format(blocks, SWAP_BYTES // BLOCK_BYTES),
         "Maximum concurrency for {} tokens per request: {:.2f}x".format(MAX_LEN, blocks * BLOCK_SIZE / MAX_LEN),
-        *_V0_TAIL[:2],  # the capture warning and its end; no 'init engine' line in this excerpt
-    ])
+        *tail])
+    return lines, kv, blocks
+
+
+def test_v0_b_0_6_4_global_profile(tmp_path):
+    """V0-b 0.6.4.post1 (vllm/worker/worker.py determine_num_available_blocks): KV = T·u − torch_peak_alloc
+    (weights included) − non_torch, non_torch = (T − free) − torch_allocated, device-wide (C + N + O)."""
+    initial, peak, post = W + C, W + A, W + C + N  # T − free before profiling; torch peak; T − free after
+    non_torch = post - W
+    # the capture warning and its end; no 'init engine' line in this excerpt
+    lines, kv, blocks = _v0_b_startup(*_V0_TAIL[:2])
+    assert (kv, blocks) == (54 * GIB, 27648)  # facts §2 V0-b
     t = _log(tmp_path, lines)
     assert t["engine"]["era"] == "V0-b" and t["engine"]["cuda_graphs_in_budget"] is False
     s = t["startup"]
@@ -690,18 +700,7 @@ def test_v0_b_room_keeps_the_context_inside_and_takes_the_graph_pool_off(tmp_pat
     """0.6.4.post1 worker.py determine_num_available_blocks: non_torch = (T − free) − torch_allocated is
     device-wide, so the CUDA context (and any co-tenant) is already inside T·u; the graph pool is captured
     after KV sizing (worker.py initialize_cache → _warm_up_model), outside. Room = T − T·u − the pool."""
-    initial, peak, post = W + C, W + A, W + C + N
-    non_torch = post - W
-    kv = _requested() - peak - non_torch
-    blocks = _v0_blocks(kv)
-    lines = _lines("worker.py:{}]".format(232), [
-        "Loading model weights took {:.4f} GB".format(W / GIB),
-        "Memory profiling results: total_gpu_memory={}GiB initial_memory_usage={}GiB peak_torch_memory={}GiB "
-        "memory_usage_post_profile={}GiB non_torch_memory={}GiB kv_cache_size={}GiB gpu_memory_utilization={:.2f}"
-        .format(_f2(T), _f2(initial), _f2(peak), _f2(post), _f2(non_torch), _f2(kv), U),
-        "# GPU blocks: {}, # CPU blocks: {}".format(blocks, SWAP_BYTES // BLOCK_BYTES),
-        "Maximum concurrency for {} tokens per request: {:.2f}x".format(MAX_LEN, blocks * BLOCK_SIZE / MAX_LEN),
-        *_V0_TAIL[:2], "Starting vLLM API server on http://0.0.0.0:8000"])
+    lines = _v0_b_startup(*_V0_TAIL[:2], "Starting vLLM API server on http://0.0.0.0:8000")[0]
     t = _log(tmp_path, lines)
     assert t["engine"]["era"] == "V0-b" and t["startup"]["complete"] is True
     spare = T - _requested() - G - MARGIN  # 5.50 GiB (the context taken off again: 4.99 GiB)
