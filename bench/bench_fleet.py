@@ -116,7 +116,7 @@ def _table(kvf: List[Dict[str, float]], ssh: List[Dict[str, float]], sent: int, 
                                                      max(r["rss"] for r in kvf) / 1e6),
         "| `xargs -P {} ssh HOST python3 -c pass` (OpenSSH) | {:.2f} s | {:.2f} s | 1.00 | {:.2f} s | {:.2f} s "
         "| — |".format(PARALLEL, peer, min(r["wall"] for r in ssh), med(ssh, "cpu"), med(ssh, "host_cpu")),
-        "", "Per host: one exec round trip, {:,} bytes sent (the probe: collectors + pynvml, one xz stream, base85). "
+        "", "Per host: one exec round trip, {:,} bytes sent (the probe: collectors + pynvml, one xz stream, base64). "
         "{} alternating runs each; kvforensics ratios per run: {}. Client CPU: the kvforensics process, or xargs "
         "and every ssh; host CPU: sshd's reaped children (its sessions, the shell, python3). Peak RSS: the most "
         "of the runs (ru_maxrss, which also counts the pages of the process it was forked from: this bench's peak "

@@ -26,6 +26,18 @@ _NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong
 _BAD_PIDS = (0, 0xFFFFFFFF)  # what a process-struct size mismatch leaves behind (nvitop#75)
 _IMPLAUSIBLE_BYTES = 1 << 50  # 1 PiB per process: only a shifted struct reads like that
 
+# Every name this module reads from pynvml, those built at run time (the process-list calls) included: the
+# probe ships only the part of pynvml these reach (agent/remote/shake.py). tests/test_probe_pynvml.py fails
+# when a ``nv.X`` here is missing from the list.
+_PROCESS_CALLS = tuple("nvmlDevice{}RunningProcesses{}".format(kind, version)
+                       for kind in ("GetCompute", "GetGraphics") for version in ("", "_v2", "_v3"))
+PYNVML_USES = ("NVMLError", "NVML_ERROR_INSUFFICIENT_SIZE", "NVML_SUCCESS", "_nvmlGetFunctionPointer",
+               "_nvmlGetFunctionPointer_cache", "libLoadLock", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+               "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMigMode", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo_v3",
+               "nvmlDeviceGetUUID", "nvmlInit", "nvmlLib", "nvmlMemory_v2", "nvmlShutdown",
+               "nvmlSystemGetCudaDriverVersion", "nvmlSystemGetDriverVersion",
+               "nvmlSystemGetNVMLVersion") + _PROCESS_CALLS
+
 # One sentence per init failure, saying what to do (shared research peers.md §3.3).
 _INIT_MESSAGES = {
     "LibraryNotFound": "no NVIDIA driver library (libnvidia-ml.so.1) on this machine: no NVIDIA driver is "

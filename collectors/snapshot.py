@@ -9,8 +9,6 @@ Schema ``kvforensics.snapshot/1``; sizes in bytes.
 from __future__ import annotations
 
 import os
-import platform
-import socket
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -151,9 +149,12 @@ def explained_engines(engine_list: List[Dict[str, Any]], nvml_section: Dict[str,
 def _node(root: str, nvml_lib: Optional[str], strict: bool) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """The node's own sections (GPUs, host memory, engines, GPU processes) and their collector runs."""
     runs: List[Dict[str, Any]] = []
-    snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": socket.gethostname(),
+    # uname's nodename is what gethostname(2) answers on Linux, and sys.version's first word what
+    # platform.python_version() parses out of it: the same values without importing socket and platform
+    # (~3 ms of every probe).
+    snap: Dict[str, Any] = {"schema": SCHEMA, "hostname": os.uname().nodename,
                             "taken_at_unix_s": round(time.time(), 3),
-                            "probe": {"python": platform.python_version(), "platform": sys.platform,
+                            "probe": {"python": sys.version.split()[0], "platform": sys.platform,
                                       "pid_namespace": procfs.pid_namespace(root)}}
     snap["nvml"] = _run(nvml.NAME, lambda: nvml.collect(nvml_lib), runs, strict)
     snap["host_memory"] = _run(host_memory.NAME, lambda: host_memory.collect(root), runs, strict)

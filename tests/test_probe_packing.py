@@ -1,4 +1,4 @@
-"""The probe on the wire: slimmed sources in an xz'd zip, and the deflated zip for a python3 without lzma."""
+"""The probe on the wire: slimmed sources as xz'd JSON, and the unchanged sources zlib'd for a python3 without lzma."""
 
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ def _run(script: bytes, block_lzma: bool = False) -> subprocess.CompletedProcess
                           timeout=120)
 
 
-def test_a_python_without_lzma_asks_for_the_deflated_probe():
+def test_a_python_without_lzma_asks_for_the_zlib_probe():
     p = probe.build({"http": False})
     no = _run(p.script, block_lzma=True)
     assert no.returncode == 3 and probe.wants_lzma(no.stdout) and MARKER.encode() not in no.stdout
     fallback = p.without_lzma()
-    assert fallback.packing == "zip" and fallback.options == p.options
+    assert fallback.packing == "zlib" and fallback.options == p.options
     done = _run(fallback.script, block_lzma=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert probe.parse_answer(done.stdout, fallback)["schema"] == "kvforensics.snapshot/1"
@@ -54,7 +54,7 @@ def test_the_xz_stream_is_kept_and_a_bad_copy_is_made_again(tmp_path, monkeypatc
     (kept,) = (tmp_path / "kvforensics").glob("probe-*.xz")
     assert kept.read_bytes() == made and lzma.decompress(made) == blob
     assert probe._xz.__wrapped__(blob) == made  # read back
-    kept.write_bytes(lzma.compress(b"something else"))  # stale or tampered: not the zip it is named for
+    kept.write_bytes(lzma.compress(b"something else"))  # stale or tampered: not the blob it is named for
     assert lzma.decompress(probe._xz.__wrapped__(blob)) == blob
     kept.write_bytes(made[:20])  # truncated
     assert lzma.decompress(probe._xz.__wrapped__(blob)) == blob and kept.read_bytes() == made

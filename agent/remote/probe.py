@@ -1,19 +1,21 @@
 """Build the probe shipped to inspected hosts, and check what it answers.
 
 The probe is one Python script sent on the SSH exec channel's stdin to a fixed command,
-``python3 -I -`` (isolated mode: no user site, no cwd on sys.path). It carries a zip of
-``collectors/`` plus nvidia-ml-py's ``pynvml.py``, imported from memory by a small finder, so
-nothing is installed or written on the host. Options travel as base64 JSON inside the script:
-data, never a command line. The zip is reproducible (sorted entries, fixed timestamps), so its
-sha256 identifies the code that ran; the probe echoes it and a checksum of its snapshot.
+``python3 -I -`` (isolated mode: no user site, no cwd on sys.path). It carries the sources of
+``collectors/`` plus the part of nvidia-ml-py's ``pynvml.py`` they use, as one JSON object (path →
+source), imported from memory by a small finder, so nothing is installed or written on the host.
+Options travel as base64 JSON inside the script: data, never a command line. The JSON is
+reproducible (sorted keys), so its sha256 identifies the code that ran; the probe echoes it and a
+checksum of its snapshot. JSON, not a zip: the host parses it with the ``json`` it loads anyway,
+where importing ``zipfile`` cost ~6 ms of every host's CPU.
 
-On the wire (~75 KB of xz in ~93 KB of base85, from ~190 KB of deflated zip): the zip's entries are
-stored, with comments and docstrings blanked (``slim``: every line stays where it was, so a
-traceback still points at the source), and the whole zip is one xz stream, which compresses across
-files. ``lzma`` is standard library but optional in a Python build: a host without it answers
-``NO_LZMA`` at once, and the caller sends ``Probe.without_lzma()`` (the deflated zip of the
-unchanged sources) on the same connection. The slimmed zip is built once per source tree and kept
-in the user's cache (``$XDG_CACHE_HOME/kvforensics``), best effort.
+On the wire (~48 KB of xz in ~64 KB of base64): comments and docstrings blanked (``slim``: every
+line stays where it was, so a traceback still points at the source), pynvml cut to what
+``collectors/nvml.py`` reaches (``agent/remote/shake.py``), the whole in one xz stream, which
+compresses across files. ``lzma`` is standard library but optional in a Python build: a host
+without it answers ``NO_LZMA`` at once, and the caller sends ``Probe.without_lzma()`` (the same
+JSON of the unchanged sources, zlib-compressed) on the same connection. The slimmed JSON is built
+once per source tree and kept in the user's cache (``$XDG_CACHE_HOME/kvforensics``), best effort.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import json
 import os
 import tempfile
 import tokenize
-import zipfile
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,7 +40,7 @@ REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches
 _PACKAGE = Path(__file__).resolve().parents[2] / "collectors"
 
 NO_LZMA = "KVFORENSICS-PROBE-NO-LZMA"
-PACKINGS = ("xz", "zip")
+PACKINGS = ("xz", "zlib")
 
 _UNPACK = {
     "xz": """try:
@@ -46,22 +48,19 @@ _UNPACK = {
 except ImportError:
     sys.stdout.write({no_lzma!r} + chr(10))
     sys.exit(3)
-_BLOB = lzma.decompress(base64.b85decode({{blob!r}}))""".format(no_lzma=NO_LZMA),
-    "zip": "_BLOB = base64.b64decode({blob!r})",
+_BLOB = lzma.decompress(base64.b64decode({{blob!r}}))""".format(no_lzma=NO_LZMA),
+    "zlib": "_BLOB = zlib.decompress(base64.b64decode({blob!r}))",
 }
 
 _WRAPPER = '''\
-import base64, hashlib, importlib.machinery, io, json, sys, zipfile
+import base64, hashlib, importlib.machinery, json, sys, zlib
 {unpack}
 _OPTIONS = json.loads(base64.b64decode({options!r}).decode("utf-8"))
-_SOURCES = {{}}
-with zipfile.ZipFile(io.BytesIO(_BLOB)) as _zf:
-    for _name in _zf.namelist():
-        _SOURCES[_name] = _zf.read(_name)
+_SOURCES = json.loads(_BLOB.decode("ascii"))
 
 
 class _FromMemory(object):
-    """Finder and loader for the shipped modules (from the zip above; nothing touches the disk).
+    """Finder and loader for the shipped modules (from the JSON above; nothing touches the disk).
 
     Plain protocol methods, no importlib.abc: importing that costs the probe 15 ms per host."""
 
@@ -112,7 +111,7 @@ def _pynvml_source() -> Optional[bytes]:
 
 
 def _sources() -> List[Tuple[str, bytes]]:
-    """collectors/**/*.py and pynvml.py, by name in the zip, in order."""
+    """collectors/**/*.py and pynvml.py, by their names in the probe, in order."""
     out = [("collectors/" + p.relative_to(_PACKAGE).as_posix(), p.read_bytes()) for p in _PACKAGE.rglob("*.py")]
     nvml = _pynvml_source()
     if nvml is not None:
@@ -147,46 +146,54 @@ def slim(source: bytes) -> bytes:
     return "".join(line.rstrip() + "\n" for line in "".join(pieces).splitlines()).encode("utf-8")
 
 
-def _zip(files: List[Tuple[str, bytes]], method: int) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", method) as zf:
-        for name, data in files:
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = method
-            zf.writestr(info, data)
-    return buf.getvalue()
+def _pack(files: List[Tuple[str, bytes]]) -> bytes:
+    """One JSON object, path → source; ASCII and sorted, so the same code is the same bytes and sha256."""
+    return json.dumps({n: d.decode("utf-8") for n, d in files}, sort_keys=True, separators=(",", ":")).encode("ascii")
 
 
-def code_zip() -> bytes:
-    """collectors/**/*.py and pynvml.py, deterministic: same code, same bytes, same sha256 (deflated, as
-    the sources are: the probe for a host without lzma)."""
-    return _zip(_sources(), zipfile.ZIP_DEFLATED)
+def code_blob() -> bytes:
+    """collectors/**/*.py and pynvml.py as they are: what the probe for a host without lzma carries."""
+    return _pack(_sources())
 
 
-_SLIM_FORMAT = b"kvforensics-probe-slim/1"  # change it when slim() or _zip() changes what they make
+_SLIM_FORMAT = b"kvforensics-probe-slim/3"  # change it when slim(), _shaken() or _pack() change what they make
+
+# pynvml makes an exception class of every NVML_ERROR_* constant by scanning its own module at import.
+_PYNVML_DYNAMIC = ("NVML_ERROR_",)
+
+
+def _shaken(name: str, data: bytes) -> bytes:
+    """pynvml.py cut to what collectors/nvml.py uses (15 KB of 330 KB: ~4 KB of xz instead of ~40 KB, and
+    ~2 ms of the GPU host's CPU to compile instead of ~34); the other sources as they are."""
+    if name != "pynvml.py":
+        return data
+    from agent.remote.shake import shake
+    from collectors.nvml import PYNVML_USES
+
+    return shake(data.decode("utf-8"), PYNVML_USES, _PYNVML_DYNAMIC).encode("utf-8")
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvforensics"
 
 
-def slim_zip() -> bytes:
-    """The zip the xz probe carries: stored entries, ``slim`` sources. Built once per source tree (the key
+def slim_blob() -> bytes:
+    """The JSON the xz probe carries: ``slim`` sources, pynvml shaken. Built once per source tree (the key
     hashes every source byte), then read from the user's cache; a cache that cannot be written is skipped."""
     files = _sources()
     key = hashlib.sha256(_SLIM_FORMAT + b"".join(hashlib.sha256(n.encode() + b"\0" + d).digest()
                                                   for n, d in files)).hexdigest()[:32]
-    return _slim_zip_cached(key, tuple(files))
+    return _slim_blob_cached(key, tuple(files))
 
 
 @lru_cache(maxsize=4)
-def _slim_zip_cached(key: str, files: Tuple[Tuple[str, bytes], ...]) -> bytes:
-    path = _cache_dir() / "probe-{}.zip".format(key)
+def _slim_blob_cached(key: str, files: Tuple[Tuple[str, bytes], ...]) -> bytes:
+    path = _cache_dir() / "probe-{}.json".format(key)
     try:
         return path.read_bytes()
     except OSError:
         pass
-    made = _zip([(n, slim(d)) for n, d in files], zipfile.ZIP_STORED)
+    made = _pack([(n, slim(_shaken(n, d))) for n, d in files])
     _keep(path, made)
     return made
 
@@ -206,7 +213,7 @@ def _keep(path: Path, data: bytes) -> None:
 @lru_cache(maxsize=4)
 def _xz(blob: bytes) -> bytes:
     """The xz stream of ``blob``: compressed once per code (~70 ms of CPU, every run before), then read from the
-    user's cache beside the slim zip, and used only if it decompresses to ``blob`` exactly."""
+    user's cache beside the slim JSON, and used only if it decompresses to ``blob`` exactly."""
     import lzma
 
     path = _cache_dir() / "probe-{}.xz".format(hashlib.sha256(_SLIM_FORMAT + blob).hexdigest()[:32])
@@ -216,7 +223,7 @@ def _xz(blob: bytes) -> bytes:
             return kept
     except (OSError, lzma.LZMAError, EOFError):
         pass
-    # preset 9's 64 MiB window is 100 times the zip: a 1 MiB one packs the same, and the host's decoder
+    # preset 9's 64 MiB window is 100 times the JSON: a 1 MiB one packs the same, and the host's decoder
     # allocates that much, not 64 MiB.
     made = lzma.compress(blob, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32,
                          filters=[{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": 1 << 20}])
@@ -227,32 +234,31 @@ def _xz(blob: bytes) -> bytes:
 @dataclass(frozen=True)
 class Probe:
     script: bytes  # what goes on stdin
-    code_sha256: str  # of the zip that runs (the xz probe's, decompressed)
+    code_sha256: str  # of the JSON of sources that runs (decompressed)
     packing: str = "xz"
     options: str = ""  # base64 JSON, as in the script
 
     def without_lzma(self) -> "Probe":
-        """The same probe for a host whose python3 has no lzma (it answered NO_LZMA): the deflated zip."""
-        return _assemble(self.options, code_zip(), "zip")
+        """The same probe for a host whose python3 has no lzma (it answered NO_LZMA): zlib, sources unchanged."""
+        return _assemble(self.options, code_blob(), "zlib")
 
 
 def _assemble(encoded_options: str, blob: bytes, packing: str) -> Probe:
-    # base85 carries the xz stream in 5/4 of its size where base64 takes 4/3: 6 KB less on every exec, for
-    # ~5 ms of the host's CPU (b85decode is pure Python; measured 2026-12-01, 75 KB). The fallback zip keeps
-    # base64: it goes to hosts whose Python lacks lzma, and is not the probe's usual cost.
-    sent = _xz(blob) if packing == "xz" else blob
-    text = base64.b85encode(sent) if packing == "xz" else base64.b64encode(sent)
+    # base64, not base85: b85decode is pure Python (~5 ms of the host's CPU for a 75 KB stream, measured
+    # 2026-12-01), b64decode is C; with pynvml shaken the stream is ~45 KB, and base85's 5/4 would save 4 KB.
+    text = base64.b64encode(_xz(blob) if packing == "xz" else zlib.compress(blob, 9))
     script = _WRAPPER.replace("{unpack}", _UNPACK[packing]).format(blob=text.decode("ascii"), options=encoded_options)
     return Probe(script.encode("utf-8"), hashlib.sha256(blob).hexdigest(), packing, encoded_options)
 
 
 def build(options: Dict[str, Any], blob: Optional[bytes] = None, packing: str = "xz") -> Probe:
-    """The probe script; ``blob``: the zip to carry (default: ``slim_zip()`` for xz, ``code_zip()`` for zip)."""
+    """The probe script; ``blob``: the JSON of sources to carry (default: ``slim_blob()`` for xz, ``code_blob()``
+    for zlib)."""
     if packing not in PACKINGS:
         raise ValueError("packing is one of {}".format(", ".join(PACKINGS)))
     encoded_options = base64.b64encode(json.dumps(options).encode("utf-8")).decode("ascii")
     if blob is None:
-        blob = slim_zip() if packing == "xz" else code_zip()
+        blob = slim_blob() if packing == "xz" else code_blob()
     return _assemble(encoded_options, blob, packing)
 
 
