@@ -6,8 +6,9 @@ folder KVF_BENCH_BASE names), run by the same interpreter from its own folder (i
 load; medians of KVF_BENCH_RUNS (default 9; 3 for the fleet). Measured:
 
 * ``analyze LOG --json`` on the small seed log (examples/, 1 startup): wall and CPU time;
-* one ``record`` on the 8-GPU fake node (tests/fakenode.py): CPU time (user + sys) and peak RSS;
-* the probe's bytes on the wire (what one SSH exec sends);
+* one ``record`` on the 8-GPU fake node (tests/fakenode.py): CPU time (user + sys) and peak RSS, and the CPU per
+  sample of the shipped configuration (6 samples per run);
+* the probe's bytes on the wire (what one SSH exec sends), and its CPU on the 8-GPU fake node;
 * the fleet: 32 loopback hosts, 16 at a time (tests/sshd.py), against ``xargs -P 16 ssh HOST python3 -c pass``.
 """
 
@@ -33,6 +34,10 @@ RUNS = int(os.environ.get("KVF_BENCH_RUNS", "9"))
 FLEET_RUNS = int(os.environ.get("KVF_BENCH_FLEET_RUNS", "3"))
 HOSTS, PARALLEL = int(os.environ.get("KVF_BENCH_HOSTS", "32")), 16
 LOG = ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"
+# The system's interpreter, as an inspected host runs it: a version manager's `python3` shim on PATH costs more
+# CPU than the probe itself.
+HOST_PYTHON = os.environ.get("KVF_BENCH_HOST_PYTHON") or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3")
+                                                          else "python3")
 
 
 def base_tree() -> Tuple[Path, str]:
@@ -87,7 +92,9 @@ def analyze(trees: List[Path]) -> List[Tuple[float, float]]:
     return [(_med(r, 0), _med(r, 1)) for r in res]
 
 
-def record(trees: List[Path]) -> List[Tuple[float, float]]:
+def record(trees: List[Path]) -> List[Tuple[float, float, float]]:
+    """Per tree: CPU of a one-sample run, its peak RSS, and CPU per sample of the shipped configuration
+    (deploy/: 6 samples per run; --interval 0 here, which changes the wall time, not the CPU)."""
     from tests.fakenode import FakeNode, build_fake_nvml
 
     lib = build_fake_nvml()
@@ -97,15 +104,48 @@ def record(trees: List[Path]) -> List[Tuple[float, float]]:
         env = dict(node.env())
         env.pop("PYTHONPATH", None)
         res: List[List[Tuple]] = [[] for _ in trees]
+        six: List[List[Tuple]] = [[] for _ in trees]
         for _ in range(RUNS + 1):
             for i, tree in enumerate(trees):
                 cmd = [sys.executable, "-m", "agent", "record", "--db", str(work / "h{}.db".format(i)), "--prom-file",
                        str(work / "k{}.prom".format(i)), "--nvml-lib", str(lib), "--no-http", "--quiet"]
                 res[i].append(_measure(cmd, tree, env, ok=(0,)))
-        for r in res:
+                six[i].append(_measure(cmd + ["--samples", "6", "--interval", "0"], tree, env, ok=(0,)))
+        for r, s in zip(res, six):
             r = r[1:]  # the first run creates the history
-            out.append((_med(r, 1), max(x[2] for x in r)))
+            out.append((_med(r, 1), max(x[2] for x in r), _med(s[1:], 1) / 6))
     return out
+
+
+def probe_cpu(trees: List[Path]) -> Tuple[List[float], float]:
+    """CPU of one probe run on the 8-GPU fake node (``python3 -I -``, as over SSH), per tree, and of
+    ``python3 -I -`` given ``pass``: what each inspected host spends."""
+    from tests.fakenode import FakeNode, build_fake_nvml
+
+    lib = build_fake_nvml()
+    code = ("import sys; from agent.remote import probe; sys.stdout.buffer.write(probe.build({{'nvml_lib': {!r}, "
+            "'log': None, 'startup': -1, 'model_config_path': None, 'http': False}}).script)").format(str(lib))
+    scripts = [subprocess.run([sys.executable, "-c", code], cwd=str(t), capture_output=True, check=True).stdout
+               for t in trees]
+    work = Path(tempfile.mkdtemp(prefix="kvf-bench-probe-"))
+
+    def cpu(script: bytes, env: Dict[str, str]) -> float:
+        proc = subprocess.Popen([HOST_PYTHON, "-I", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+        proc.stdin.write(script)  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
+        _, status, usage = os.wait4(proc.pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        return usage.ru_utime + usage.ru_stime
+
+    with FakeNode(work / "node") as node:
+        env = dict(node.env())
+        res: List[List[float]] = [[] for _ in trees]
+        bare: List[float] = []
+        for _ in range(RUNS):
+            for i, script in enumerate(scripts):
+                res[i].append(cpu(script, env))
+            bare.append(cpu(b"pass\n", env))
+    return [statistics.median(r) for r in res], statistics.median(bare)
 
 
 def probe_bytes(tree: Path) -> int:
@@ -147,6 +187,7 @@ def main() -> int:
     a = analyze(trees)
     r = record(trees)
     p = [probe_bytes(t) for t in trees]
+    pc, bare = probe_cpu(trees)
     skip_fleet = os.environ.get("KVF_BENCH_NO_FLEET")
     f, peer = fleet(trees) if not skip_fleet else ([float("nan")] * 2, float("nan"))
     rows = [
@@ -161,7 +202,11 @@ def main() -> int:
                                                                                               r[1][0] / r[0][0]),
         "| `record` peak RSS | {:.0f} MB | {:.0f} MB | {:.2f} |".format(r[0][1] / 1e6, r[1][1] / 1e6,
                                                                     r[1][1] / r[0][1]),
+        "| `record`, CPU per sample, 6 samples per run (the shipped cron/systemd line) | {:.3f} s | {:.3f} s | "
+        "{:.2f} |".format(r[0][2], r[1][2], r[1][2] / r[0][2]),
         "| probe bytes on the wire (one exec) | {:,} | {:,} | {:.2f} |".format(p[0], p[1], p[1] / p[0]),
+        "| probe CPU on the 8-GPU fake node (`{} -I -`; given `pass`: {:.3f} s) | {:.3f} s | {:.3f} s | "
+        "{:.2f} |".format(HOST_PYTHON, bare, pc[0], pc[1], pc[1] / pc[0]),
         "| fleet, {} loopback hosts, {} at a time | {:.2f} s | {:.2f} s | {:.2f} |".format(
             HOSTS, PARALLEL, f[0], f[1], f[1] / f[0]),
         "| fleet ÷ `xargs -P {} ssh HOST python3 -c pass` ({:.2f} s) | {:.2f} | {:.2f} | |".format(

@@ -19,11 +19,8 @@ Every line is handed to the engine's parser without what a shipper put before it
 
 from __future__ import annotations
 
-import bisect
-import gzip
 import itertools
 import os
-import queue
 import stat
 import sys
 import threading
@@ -164,7 +161,7 @@ def read_log(path: str, startup: int = -1, count_lines: bool = False, engine: st
             return _from_file(src, path, size, startup, count_lines, engine)
     except PermissionError:
         raise LogReadError("unreadable", "{}: permission denied (run as a user who can read it)".format(path)) from None
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:  # type: ignore[attr-defined]
+    except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
         raise LogReadError("unreadable", "{}: cannot read: {}".format(path, _one_line(exc))) from None
 
 
@@ -488,6 +485,8 @@ def _join(joiner: shipping.CriJoiner, block: bytes, line: int, offset: int) -> L
 def _scan_joined(lines: List[shipping.Joined], sinks: List[_Sink]) -> None:
     if not lines:
         return
+    import bisect  # imports of the rarer paths wait for them: a small plain log pays only for what it reads
+
     starts = list(itertools.accumulate([0] + [len(j.text) + 1 for j in lines[:-1]]))
 
     def where(start: int) -> Tuple[Optional[int], int]:
@@ -543,6 +542,8 @@ class _Blocks:
             if hits or near == 0:
                 return max(hits, default=-1)
             pos = near
+        import queue
+
         fd = self.f.fileno()
         buffers = [bytearray(BLOCK_BYTES + overlap) for _ in range(3)]
         ready: "queue.Queue[Optional[Tuple[int, int, int]]]" = queue.Queue(maxsize=1)

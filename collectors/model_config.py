@@ -5,7 +5,6 @@ Only reading lives here; what the architecture means for KV bytes is ``agent/kv_
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from typing import Any, Dict, Optional
@@ -25,6 +24,8 @@ def find_config(path: str) -> Optional[str]:
     direct = os.path.join(path, "config.json")
     if os.path.isfile(direct):
         return direct
+    import glob  # only for a Hugging Face cache folder
+
     snaps = glob.glob(os.path.join(path, "snapshots", "*", "config.json"))
     if snaps:
         return max(snaps, key=os.path.getmtime)
