@@ -34,6 +34,8 @@ def cell_len(text: str) -> int:
 
 @dataclass
 class Col:
+    """One column of a table to fit: its header, and how it gives way when the table is too wide."""
+
     header: str
     justify: str = "left"
     priority: int = REQUIRED  # lower gives way first
@@ -45,6 +47,8 @@ class Col:
 
 @dataclass
 class Fitted:
+    """A table fitted to a width: the columns kept, their widths, the rows' cells as shown, and the footnotes."""
+
     columns: List[Col]
     widths: List[int]
     rows: List[List[str]]

@@ -121,6 +121,8 @@ def print_table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequ
 
 @dataclass(frozen=True)
 class Segment:
+    """One item's run of cells in a memory bar: its label, how many cells, its colour and glyph."""
+
     label: str
     cells: int
     colour: str

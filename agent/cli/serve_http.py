@@ -27,6 +27,8 @@ class ListenError(Exception):
 
 @dataclass(frozen=True)
 class Endpoint:
+    """What one ``serve`` HTTP server answers from: its sampler, and how old a good look may be for /healthz."""
+
     sampler: Sampler
     health_window_s: float
 

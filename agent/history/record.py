@@ -42,6 +42,9 @@ class EngineRecord:
 
 @dataclass(frozen=True)
 class RecordResult:
+    """What one ``record`` run did: the engines explained and those gone, the samples written and pruned, and
+    where an unusable history was moved aside (None: it was not)."""
+
     engines: Tuple[EngineRecord, ...]  # one per engine explained, the primary first; one explaining none
     gone: Tuple[history.RecentRun, ...]  # engines recorded within GONE_WINDOW_S that are not found now
     last_success: Optional[float]  # the last sample that collected something, from the history

@@ -35,12 +35,16 @@ class Skip(Exception):
 
 @dataclass(frozen=True)
 class Look:
+    """One look at the node for ``serve``: what /metrics shows, and whether anything was collected."""
+
     payload: Any  # what /metrics serves until the next look
     collected: bool  # False: nothing was collected (the payload says so); it does not count as healthy
 
 
 @dataclass(frozen=True)
 class Health:
+    """The /healthz answer: whether the last good look is recent enough, and the one line that says why."""
+
     healthy: bool
     message: str
 

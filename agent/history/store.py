@@ -119,6 +119,8 @@ class Corrupt(HistoryError):
 
 @dataclass(frozen=True)
 class Opened:
+    """An open history: its connection, its path, and where an unusable file was moved aside (None: it was not)."""
+
     conn: sqlite3.Connection
     path: str
     moved_aside: Optional[str]  # where our unusable file was renamed (and why), if it was
@@ -637,6 +639,9 @@ def _read_before_write(conn: sqlite3.Connection, run_keys: Tuple[str, ...], star
 
 @dataclass(frozen=True)
 class GpuLowWater:
+    """One GPU's free memory over an engine run's samples (or those since a time): least, most and last, and when
+    it was least; None: no sample held the figure."""
+
     gpu: int
     uuid: Optional[str]
     rank: Optional[str]
@@ -651,6 +656,9 @@ class GpuLowWater:
 
 @dataclass(frozen=True)
 class RunStats:
+    """An engine run as the history holds it (all its samples, or those since a time): its labels and span, the
+    collected samples' count, each GPU's low water, and the engine's peak KV use and pool size."""
+
     run_id: int
     run_key: str
     engine: Optional[str]
@@ -786,6 +794,8 @@ def last_success(conn: sqlite3.Connection) -> Optional[float]:
 
 @dataclass(frozen=True)
 class KeptStartup:
+    """An engine run's startup section as the history keeps it, for when the engine's log no longer holds it."""
+
     read_at: float  # when its log last held it
     section: Dict[str, Any]  # the snapshot's engine_log section as read then
 

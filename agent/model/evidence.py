@@ -135,12 +135,17 @@ def check_section(name: str, section: Any) -> None:
 
 @dataclass(frozen=True)
 class GpuProcessSeen:
+    """A PID NVML charges on one GPU, with the memory it uses there (None: NVML did not say)."""
+
     pid: int
     used_bytes: Optional[int]
 
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU in the snapshot's nvml section: its status (ok | partial | lost), NVML's raw figures (None: unknown),
+    and the processes NVML charges on it."""
+
     index: int
     status: str
     uuid: Optional[str]
@@ -156,6 +161,8 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Nvml:
+    """The snapshot's nvml section: the collector's status (``unavailable``: absent or failed), the driver, each GPU."""
+
     status: Optional[str]
     driver_version: Optional[str]
     gpus: Tuple[Gpu, ...]
@@ -184,6 +191,8 @@ class Pod:
 
 @dataclass(frozen=True)
 class Process:
+    """A process on the node (an engine's, or one NVML charges) as the host's /proc describes it; None: not known."""
+
     pid: int
     missing: bool  # NVML charges a PID the host's /proc does not have
     cmdline: Tuple[str, ...] = ()
@@ -225,6 +234,9 @@ class Engine:
 
 @dataclass(frozen=True)
 class EngineLog:
+    """The snapshot's engine_log section: the chosen startup's recognised lines (line number or None, offset, raw),
+    where they were read, and which startup of how many (None: the log was not read whole)."""
+
     status: Optional[str]
     source: Optional[str]
     lines: Tuple[Tuple[Optional[int], int, str], ...]
@@ -237,6 +249,8 @@ class EngineLog:
 
 @dataclass(frozen=True)
 class EngineHttp:
+    """The snapshot's engine_http section: the loopback URL asked (None: not asked), the metrics the engine served."""
+
     url: Optional[str]
     metrics: Mapping[str, float]
     cache_config: Optional[Mapping[str, Any]] = None  # vLLM's cache_config_info labels
@@ -245,6 +259,8 @@ class EngineHttp:
 
 @dataclass(frozen=True)
 class HostMemory:
+    """The snapshot's host_memory section: the host's RAM and swap, and its cgroup's memory limit (None: unknown)."""
+
     status: Optional[str]
     total_bytes: Optional[int]
     available_bytes: Optional[int]
@@ -258,6 +274,8 @@ class HostMemory:
 
 @dataclass(frozen=True)
 class CollectorRun:
+    """One collector's part in making the snapshot: its name, how it ended, and how long it took (None: not timed)."""
+
     name: str
     status: str
     duration_s: Optional[float]
@@ -265,6 +283,8 @@ class CollectorRun:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """A validated snapshot document read into records: what the collectors saw on one node, the engine it explains."""
+
     hostname: Optional[str]
     taken_at_unix_s: Optional[float]
     nvml: Nvml

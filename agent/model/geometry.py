@@ -22,6 +22,9 @@ class GeometryError(ValueError):
 
 @dataclass(frozen=True)
 class KvGeometry:
+    """What an engine's formula makes of config.json: attention kind, layers, KV dtype and bytes per token, with the
+    arithmetic shown."""
+
     kind: str  # "mla" | "nsa" | "mha"
     layers: int
     bytes_per_token: int

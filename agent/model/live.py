@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # annotations only: a log's analysis never loads the snapshot
 
 @dataclass(frozen=True)
 class LedgerItem:
+    """A share of a GPU's memory: what holds it (an ItemKind), its bytes (None: unknown), where the figure came from."""
+
     kind: ItemKind
     bytes: Optional[int]
     source: str
@@ -25,6 +27,8 @@ class LedgerItem:
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A process using a GPU now: NVML's figure for it, whose it is (an Owner), and the engine rank it runs if any."""
+
     pid: int
     used_bytes: Optional[int]
     name: str  # command line, shortened
@@ -58,6 +62,8 @@ class GpuLedger:
 
 @dataclass(frozen=True)
 class Inspection:
+    """A node inspected: its snapshot, the engine's startup analysis, each GPU's ledger, what the rules make of them."""
+
     target: str
     status: str  # "ok" | "partial" | "error"
     problems: Tuple[Problem, ...]

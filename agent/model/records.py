@@ -27,6 +27,8 @@ class Problem:
 
 @dataclass(frozen=True)
 class Finding:
+    """A rule's conclusion: a stable code, a severity, the text for the reports, and the evidence it rests on."""
+
     code: str  # stable: scripts and alerts key on it
     severity: str  # info | warning | error | critical
     title: str
@@ -41,6 +43,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class Recommendation:
+    """An engine flag change to propose: what it gains (None: not known), measured or estimated, and why."""
+
     flag: str
     value: str
     gain_bytes: Optional[int]

@@ -23,6 +23,8 @@ _NO_PYTHON = (b"python3: command not found", b"python3: not found", b"No such fi
 
 @dataclass(frozen=True)
 class HostResult:
+    """One SSH host's result in a fleet run: its snapshot, or the status and problem that stopped it; what it cost."""
+
     target: str
     status: str
     snapshot: Optional[Dict[str, Any]]
@@ -36,6 +38,8 @@ class HostResult:
 
 @dataclass
 class FleetOptions:
+    """How a fleet run reaches its SSH hosts: probe options, ssh config, host keys, parallelism, a timeout per host."""
+
     probe_options: Dict[str, Any] = field(default_factory=dict)
     ssh_config: Optional[str] = None
     accept_new: bool = False

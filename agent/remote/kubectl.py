@@ -45,6 +45,8 @@ class KubectlError(Exception):
 
 @dataclass(frozen=True)
 class PodTarget:
+    """A ``k8s:NAMESPACE/POD[/CONTAINER]`` target, parsed; container None: the one kubectl picks by default."""
+
     namespace: str
     pod: str
     container: Optional[str] = None
@@ -56,6 +58,8 @@ class PodTarget:
 
 @dataclass(frozen=True)
 class PodResult:
+    """One pod's result in a k8s run: its snapshot, or the status and problem that stopped it."""
+
     target: str  # as typed: k8s:NS/POD[/CONTAINER]
     status: str
     snapshot: Optional[Dict[str, Any]]

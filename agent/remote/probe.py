@@ -233,6 +233,8 @@ def _xz(blob: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Probe:
+    """The script a host's python3 runs from stdin, with the hash of the sources it carries and how they are packed."""
+
     script: bytes  # what goes on stdin
     code_sha256: str  # of the JSON of sources that runs (decompressed)
     packing: str = "xz"

@@ -53,6 +53,8 @@ class SshError(Exception):
 
 @dataclass(frozen=True)
 class HostSpec:
+    """An SSH target resolved with the ssh config: where and as whom to connect, keys, jump hosts, host-key policy."""
+
     target: str  # as the user typed it
     hostname: str
     port: int
@@ -371,6 +373,8 @@ def connect(spec: HostSpec, config: paramiko.SSHConfig, deadline: float, accept_
 
 @dataclass(frozen=True)
 class ExecResult:
+    """What one remote command gave back: exit status (-1: none came), stdout, stderr, the bytes sent on its stdin."""
+
     exit_status: int
     stdout: bytes
     stderr: bytes

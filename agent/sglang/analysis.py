@@ -39,6 +39,9 @@ class Summary:
 
 @dataclass(frozen=True)
 class Analysis:
+    """One SGLang startup analysed: its era, server args, per-rank ledgers, KV budget and failure, then the rule book's
+    findings, recommendations and verdict."""
+
     target: str
     status: str  # "ok" | "partial"
     problems: Tuple[Problem, ...]

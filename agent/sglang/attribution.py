@@ -23,6 +23,8 @@ RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "k
 
 @dataclass
 class RunnerEvents:
+    """One model runner's (target or draft) events on one rank, in log order."""
+
     events: List[LogEvent] = field(default_factory=list)
 
     def first(self, kind: str) -> Optional[LogEvent]:
@@ -37,6 +39,8 @@ class RunnerEvents:
 
 @dataclass
 class RankEvents:
+    """One rank's events (by its tag as printed), split between its target and draft runners."""
+
     rank: str
     target: RunnerEvents = field(default_factory=RunnerEvents)
     draft: RunnerEvents = field(default_factory=RunnerEvents)

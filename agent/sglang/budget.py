@@ -43,6 +43,8 @@ def default_max_num_reqs(era: Era, tokens: int, context_len: int) -> int:
 
 @dataclass(frozen=True)
 class ReqToToken:
+    """SGLang's int32 req_to_token table (rows × cols × 4 bytes), which no log line reports, with its formula."""
+
     rows: int
     cols: int
     bytes: int

@@ -22,6 +22,8 @@ NEWEST: Version = (0, 5, 23)
 
 @dataclass(frozen=True)
 class Era:
+    """The SGLang versions that could have written a startup (low to high), and the line shapes that say so."""
+
     low: Version
     high: Version
     clues: Tuple[str, ...]

@@ -24,6 +24,8 @@ MIN_HICACHE_GB = 4
 
 @dataclass(frozen=True)
 class HostOffload:
+    """A HiCache tier this node could hold: host RAM per rank, the --hicache-size to pass, the KV tokens it holds."""
+
     ranks: int
     per_rank_bytes: int  # host RAM per rank after SGLang's 10 GiB reserve
     size_gb: int  # --hicache-size value: decimal GB per rank, rounded down

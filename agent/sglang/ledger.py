@@ -49,6 +49,9 @@ class RunnerLedger:
 
 @dataclass(frozen=True)
 class RankLedger:
+    """One rank's ledger: its target and draft runners, the reserve, req_to_token, the last free figure and what is
+    unexplained. Sizes in bytes; None: the log does not give it."""
+
     rank: str
     target: RunnerLedger
     draft: Optional[RunnerLedger]

@@ -119,11 +119,15 @@ class Summary:
 
 @dataclass(frozen=True)
 class Budget:
+    """What the shared node rules read of vLLM's budget: the KV bytes per token (None: the log does not imply it)."""
+
     cell_bytes: Optional[int] = None  # KV bytes per token, when the log implies it
 
 
 @dataclass(frozen=True)
 class Era:
+    """The vLLM family, release interval and era (one of ERAS) a startup's lines point to; None: they do not say."""
+
     family: Optional[str]  # "V0" | "V1" | None
     since: Optional[Version]
     until: Optional[Version]
@@ -150,6 +154,8 @@ class Era:
 
 @dataclass(frozen=True)
 class Failure(CitesEvent):
+    """Why a vLLM startup did not finish: a stable cause, the stage it failed in and how that was told, its message."""
+
     cause: str
     stage: str
     stage_source: str
@@ -178,6 +184,9 @@ class Check:
 
 @dataclass(frozen=True)
 class Analysis:
+    """One vLLM startup analysed: its era, per-worker ledgers, KV figures, budget checks and failure, then the rule
+    book's findings, recommendations and verdict."""
+
     target: str
     status: str
     problems: Tuple[Problem, ...]
