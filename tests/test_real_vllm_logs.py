@@ -184,3 +184,19 @@ def test_a_hard_wrapped_args_dict_is_joined_back(tmp_path):
     gap = head.replace("\n92", "\nINFO 09-04 01:28:28 [x.py:1] -\n92")
     log.write_text(gap + "".join(excerpt[4:]))
     assert _report(log)["engine"]["server_args"] == {"gpu_memory_utilization": 0.3}
+
+
+def test_every_sidecar_figure_is_printed_in_its_log(tmp_path):
+    from tests.fixtures.real_vllm import check_corpus
+
+    assert check_corpus.mismatches() == []
+    # and the check sees a sidecar that misquotes its log, or points its failure at the wrong line
+    name = "08_v0-07x-tp2-maxlen-too-large-error-first"
+    doc = json.loads((CORPUS / (name + ".json")).read_text())
+    doc["figures"]["gpu_blocks_typo"] = 123457
+    doc["failure"]["line"] = 2
+    (tmp_path / (name + ".json")).write_text(json.dumps(doc))
+    (tmp_path / (name + ".log")).write_text((CORPUS / (name + ".log")).read_text())
+    assert [p.split(": ", 1)[1] for p in check_corpus.mismatches(tmp_path)] == [
+        "figures.gpu_blocks_typo = 123457 is not printed in the log",
+        "failure.line 2 does not hold the failure message"]
