@@ -70,12 +70,13 @@ class _V1ProcessInfo(ctypes.Structure):
 
 
 def _load(lib_path: Optional[str]) -> Tuple[Any, Optional[Dict[str, str]]]:
-    if not lib_path:
-        # No driver library, no point compiling pynvml (8,000 lines, ~50 ms on every probe).
-        try:
-            ctypes.CDLL("libnvidia-ml.so.1")
-        except OSError:
-            return None, _problem("nvml.library_not_found", _INIT_MESSAGES["LibraryNotFound"])
+    # No driver library, no point importing pynvml (8,000 lines in a local install, and its ctypes.util
+    # import pulls in subprocess and tempfile): the library is loaded first.
+    try:
+        lib = ctypes.CDLL(lib_path or "libnvidia-ml.so.1")
+    except OSError as exc:
+        message = "cannot load {}: {}".format(lib_path, exc) if lib_path else _INIT_MESSAGES["LibraryNotFound"]
+        return None, _problem("nvml.library_not_found", message)
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
@@ -84,10 +85,6 @@ def _load(lib_path: Optional[str]) -> Tuple[Any, Optional[Dict[str, str]]]:
         return None, _problem("nvml.binding_corrupt", "the 'pynvml' module found is not nvidia-ml-py "
                                                       "(uninstall the old pynvml package)")
     if lib_path:
-        try:
-            lib = ctypes.CDLL(lib_path)
-        except OSError as exc:
-            return None, _problem("nvml.library_not_found", "cannot load {}: {}".format(lib_path, exc))
         with pynvml.libLoadLock:
             pynvml.nvmlLib = lib
             pynvml._nvmlGetFunctionPointer_cache.clear()

@@ -12,6 +12,8 @@ serve. No timing here (timings live in bench/): the list is what must not load. 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +168,28 @@ def test_lazy_rows_read_as_the_tuple_they_name():
     assert tuple(vllm.idle_needles) == vllm_formats.IDLE_NEEDLES and len(vllm.idle_needles) == 1
     rows = lazy_rows("collectors.vllm.formats:IDLE_NEEDLES")
     assert rows[0] == vllm_formats.IDLE_NEEDLES[0] and "lazy_rows" in repr(rows)
+
+
+# The probe on a host with no engine and no driver library, what every inspected host pays (agent/remote/probe.py,
+# 2026-12-01): its sources arrive as JSON, not a zip (zipfile pulled in shutil, pathlib, urllib and threading,
+# ~6 ms); the hostname and Python version come from os.uname and sys.version (socket and platform, ~3 ms); pynvml
+# (and the subprocess and tempfile of its ctypes.util) only where a driver library loads. An engine's log and
+# HTTP readers bring their own.
+PROBE_HEAVY = ("zipfile", "shutil", "pathlib", "urllib", "socket", "platform", "email", "http", "ssl", "pynvml",
+               "subprocess", "tempfile")
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs root for a PID namespace")
+def test_the_probe_imports_nothing_heavy_on_the_host():
+    from agent.remote import probe
+
+    script = probe.build({"nvml_lib": "/nonexistent/libnvidia-ml.so.1", "log": None, "http": False}).script
+    # In a PID namespace of its own the probe finds no engine (other tests' fake servers run on this machine);
+    # -S: what site imports (this venv's editable-install finder loads pathlib and urllib) is not the probe's.
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount", "--mount-proc", sys.executable, "-I", "-S", "-X",
+                           "importtime", "-"], input=script, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    modules = {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines()
+               if line.startswith("import time:") and "|" in line}
+    assert "collectors.snapshot" in modules  # the guard sees the probe's own imports
+    assert _heavy(modules, PROBE_HEAVY) == []
