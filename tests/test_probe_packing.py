@@ -21,7 +21,7 @@ def test_slim_keeps_every_line_and_the_code():
 def test_the_probe_is_small_and_reproducible():
     a, b = probe.build({"http": False}), probe.build({"http": False})
     assert a.script == b.script and a.packing == "xz"
-    assert len(a.script) <= 80_000  # the goal is 100 KB (was ~190 KB, then 96 KB): 64 KB with pynvml cut to what it uses
+    assert len(a.script) <= 80_000  # the goal is 100 KB (was ~190 KB, then 96 KB): 64 KB with pynvml cut
     assert len(a.without_lzma().script) > len(a.script)
 
 
