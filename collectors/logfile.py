@@ -23,12 +23,11 @@ import itertools
 import os
 import stat
 import sys
-import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-from collectors import events, lineformat, shipping
+from collectors import backsearch, events, lineformat, shipping
 from collectors.events import EngineStartup as Startup
 from collectors.plugin import ENGINES, EngineCollectors
 
@@ -522,12 +521,8 @@ class _Blocks:
 
     def rfind(self, needle: Union[bytes, Tuple[bytes, ...]], end: Optional[int] = None) -> int:
         """Offset of the last ``needle`` (or of the last of several) before ``end``, or -1; reads
-        backwards block by block, so a needle near the end costs one block whatever the file size.
-
-        A reader thread fills the next block (``os.preadv`` releases the GIL) while this thread
-        searches the current one: on two cores a 2 GiB scan drops from 0.25 s to 0.16 s. Three
-        buffers and a one-slot queue mean the reader never fills the buffer being searched.
-        """
+        backwards block by block, so a needle near the end costs one block whatever the file size (the far
+        part: collectors/backsearch.py, a reader thread and, with a second CPU, a second process)."""
         pos = self.size if end is None else end
         needles = (needle,) if isinstance(needle, bytes) else needle
         overlap = max(len(n) for n in needles) - 1
@@ -542,43 +537,7 @@ class _Blocks:
             if hits or near == 0:
                 return max(hits, default=-1)
             pos = near
-        import queue
-
-        fd = self.f.fileno()
-        buffers = [bytearray(BLOCK_BYTES + overlap) for _ in range(3)]
-        ready: "queue.Queue[Optional[Tuple[int, int, int]]]" = queue.Queue(maxsize=1)
-        stop = threading.Event()
-
-        def reader() -> None:
-            at, slot = pos, 0
-            try:
-                while at > 0 and not stop.is_set():
-                    start = max(0, at - BLOCK_BYTES)
-                    want = min(at - start + overlap, self.size - start)
-                    got = os.preadv(fd, [memoryview(buffers[slot])[:want]], start)
-                    ready.put((start, slot, got))
-                    slot, at = (slot + 1) % 3, start
-            finally:
-                ready.put(None)
-
-        thread = threading.Thread(target=reader, name="kvf-log-reader", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = ready.get()
-                if item is None:
-                    return -1
-                start, slot, got = item
-                hits = [start + h for h in (buffers[slot].rfind(n, 0, got) for n in needles) if h != -1]
-                if hits:
-                    return max(hits)
-        finally:
-            stop.set()
-            while thread.is_alive():  # unblock a reader waiting to put, then let it finish
-                try:
-                    ready.get_nowait()
-                except queue.Empty:
-                    thread.join(0.01)
+        return backsearch.last(self.f.fileno(), needles, pos, self.size, BLOCK_BYTES)
 
     def line_start(self, pos: int) -> int:
         if pos <= 0:

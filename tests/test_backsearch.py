@@ -1,0 +1,113 @@
+"""The far backward search (collectors/backsearch.py): split between this process and a child, it answers
+exactly what one sequential search does, leaves no process behind, and falls back when the child fails."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+import pytest
+
+from collectors import backsearch
+
+NEEDLES = (b"Model loading took", b"# GPU blocks: ", b"KV cache")
+
+
+def _reference(data: bytes, needles, end: int) -> int:
+    """One plain search: the last occurrence that ends by ``end`` + the longest needle - 1 (what a block read
+    past its end sees), as the sequential code answers."""
+    limit = min(len(data), end + max(len(n) for n in needles) - 1)
+    return max(data.rfind(n, 0, limit) for n in needles)
+
+
+@pytest.fixture
+def split_always(monkeypatch):
+    if not hasattr(os, "fork") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the split needs fork and two CPUs")
+    monkeypatch.setattr(backsearch, "SPLIT_MIN_BYTES", 0)
+    started = []
+    real = backsearch._Half.start.__func__
+
+    def start(cls, span, end):
+        half = real(cls, span, end)
+        started.append(half.pid if half is not None else None)
+        return half
+
+    monkeypatch.setattr(backsearch._Half, "start", classmethod(start))
+    return started
+
+
+def _search(tmp_path, data: bytes, end: int, block: int = 64) -> int:
+    path = tmp_path / "log"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        return backsearch.last(f.fileno(), NEEDLES, end, len(data), block)
+
+
+def test_split_search_answers_as_one_search(tmp_path, split_always):
+    rng = random.Random(7)
+    for trial in range(60):
+        size = rng.randrange(200, 4000)
+        data = bytearray(rng.choice(b"abc \n") for _ in range(size))
+        for _ in range(rng.randrange(0, 4)):  # needles anywhere: across blocks, across the cut, none at all
+            n = rng.choice(NEEDLES)
+            at = rng.randrange(0, size - len(n))
+            data[at:at + len(n)] = n
+        end = rng.randrange(1, size + 1)
+        assert _search(tmp_path, bytes(data), end) == _reference(bytes(data), NEEDLES, end), trial
+    assert any(split_always)  # the child really ran
+
+
+def test_a_needle_across_the_cut_is_found_once(tmp_path, split_always):
+    size = 1000
+    cut = size // 2
+    for start in range(cut - len(NEEDLES[0]) + 1, cut + 1):
+        data = bytearray(b"x" * size)
+        data[start:start + len(NEEDLES[0])] = NEEDLES[0]
+        assert _search(tmp_path, bytes(data), size, block=50) == start
+
+
+def test_the_child_is_gone_whichever_half_answers(tmp_path, split_always):
+    data = bytearray(b"y" * 4000)
+    data[3500:3500 + 8] = b"KV cache"  # upper half: the child is killed unfinished
+    assert _search(tmp_path, bytes(data), 4000) == 3500
+    data = bytearray(b"y" * 4000)
+    data[10:18] = b"KV cache"  # lower half: the child's answer is read
+    assert _search(tmp_path, bytes(data), 4000) == 10
+    assert len(split_always) == 2 and None not in split_always
+    for pid in split_always:
+        with pytest.raises(ProcessLookupError):  # reaped, not a zombie
+            os.kill(pid, 0)
+
+
+def test_a_failed_child_leaves_its_half_to_the_parent(tmp_path, split_always, monkeypatch):
+    def broken(span, end, parent):
+        raise RuntimeError("the child fails")
+
+    monkeypatch.setattr(backsearch, "_plain", broken)  # what the forked child runs
+    data = bytearray(b"z" * 4000)
+    data[100:108] = b"KV cache"
+    assert _search(tmp_path, bytes(data), 4000) == 100
+
+
+def test_no_split_beside_another_thread_or_on_a_small_span():
+    big = backsearch.SPLIT_MIN_BYTES
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not backsearch._can_split(big)
+    finally:
+        stop.set()
+        other.join()
+    assert not backsearch._can_split(big - 1)
+
+
+def test_the_child_stops_when_its_parent_is_gone(tmp_path):
+    path = tmp_path / "log"
+    path.write_bytes(b"KV cache" + b"q" * 1000)
+    with open(path, "rb") as f:
+        span = backsearch._Span(f.fileno(), NEEDLES, 17, 1008, 64)
+        assert backsearch._plain(span, 1008, parent=os.getppid()) == 0
+        assert backsearch._plain(span, 1008, parent=-1) == -1  # not its parent any more: gives up at once
