@@ -22,8 +22,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from agent.model.live import Inspection
 from reports.plugin import VIEWS
+from reports.textfile import PREFIX
 
-PREFIX = "kvforensics_"
 Labels = Tuple[Tuple[str, str], ...]
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "gpu_model")
 POD_LABELS = ("namespace", "pod", "container")
@@ -312,26 +312,6 @@ def _number(value: Any) -> str:
         return "{:g}".format(float(value))
     except (TypeError, ValueError):
         return str(value)[:64]
-
-
-def write(path: str, reg: Any) -> None:
-    """Atomically (prometheus-client writes ``PATH.<pid>.<thread>`` and renames it into place).
-    A run killed inside that window leaves its temporary file: the next run removes any whose
-    writer is gone."""
-    import glob
-    import os
-    import re
-
-    from prometheus_client import write_to_textfile
-
-    for stale in glob.glob(glob.escape(path) + ".*"):
-        m = re.match(re.escape(path) + r"\.(\d+)\.\d+$", stale)
-        if m and not os.path.exists("/proc/{}".format(m.group(1))):
-            try:
-                os.unlink(stale)
-            except OSError:
-                pass
-    write_to_textfile(path, reg)
 
 
 def render(reg: Any) -> str:

@@ -403,3 +403,62 @@ def test_inspect_reads_no_history_from_what_is_not_ours(tmp_path, replay, kind):
     before = folder(db)
     assert current_stats(str(db), replay) is None
     assert folder(db) == before
+
+
+# --- --prom-file: only our own textfile is replaced (reports/textfile.py) ------------------------------------
+
+SMARTMON = ("# HELP smartmon_device_active SMART metric device_active\n# TYPE smartmon_device_active gauge\n"
+            'smartmon_device_active{disk="/dev/sda"} 1\n')
+NOT_OUR_TEXTFILE = {
+    "directory": (_directory, "is a directory"),
+    "fifo": (lambda p: os.mkfifo(str(p)), "is a FIFO"),
+    "socket": (_unix_socket, "is a socket"),
+    "symlink to our own textfile": (_symlink_to(lambda t: t.write_text("kvforensics_up 1\n")), "is a symbolic link"),
+    "dangling symlink": (lambda p: p.symlink_to(p.parent / "nothing-here"), "is a symbolic link"),
+    "symlink to a character device": (lambda p: p.symlink_to("/dev/null"), "is a symbolic link"),
+    "another exporter's textfile": (lambda p: p.write_text(SMARTMON),
+                                    "holds another exporter's metric smartmon_device_active"),
+    "ours, then another exporter's sample": (lambda p: p.write_text("kvforensics_up 1\nnode_textfile_x 2\n"),
+                                             "holds another exporter's metric node_textfile_x"),
+    "binary": (lambda p: p.write_bytes(b"\xff\xfe\x00kvforensics_up 1\n"), "is not a Prometheus textfile"),
+    "a big file": (lambda p: _sparse(p, 5 << 20), "is larger"),
+}
+
+
+def _sparse(p: Path, size: int) -> None:
+    p.touch()
+    os.truncate(str(p), size)
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_OUR_TEXTFILE))
+def test_what_is_not_our_textfile_is_refused_before_sampling_and_left_as_it_is(tmp_path, replay, kind):
+    make, words = NOT_OUR_TEXTFILE[kind]
+    prom = tmp_path / "textfiles" / "k.prom"
+    prom.parent.mkdir()
+    make(prom)
+    before = folder(prom)
+    code, out, err = record(tmp_path / "h.db", "--prom-file", str(prom))
+    assert code == 2 and err.count("\n") == 1 and words in err and "it was left as it is" in err, err
+    assert "Traceback" not in err and out == ""
+    assert folder(prom) == before  # the path, and no temporary file beside it
+    assert not (tmp_path / "h.db").exists()  # refused before sampling: no history either
+
+
+def test_our_own_textfile_and_an_empty_file_are_replaced(tmp_path, replay):
+    prom = tmp_path / "k.prom"
+    prom.write_text("")
+    code, _, err = record(tmp_path / "h.db", "--prom-file", str(prom))
+    first = prom.read_text()
+    assert code in (0, 3) and "kvforensics_" in first and "left as it is" not in err, err
+    code, _, err = record(tmp_path / "h.db", "--prom-file", str(prom))  # what record wrote is ours
+    assert code in (0, 3) and "left as it is" not in err and "kvforensics_" in prom.read_text()
+
+
+def test_a_textfile_swapped_for_another_during_the_run_is_not_replaced(tmp_path, monkeypatch):
+    from reports import textfile
+
+    prom = tmp_path / "k.prom"
+    prom.write_text(SMARTMON)  # what another tool put there after record's first look
+    with pytest.raises(textfile.Refused, match="smartmon_device_active"):
+        textfile.write(str(prom), None)  # checked again just before the rename
+    assert prom.read_text() == SMARTMON

@@ -58,7 +58,7 @@ def record(
     Every engine on the node is recorded (--engine PORT: one)."""
     from agent.history import record as record_mod
     from agent.history import store as history
-    from reports import prometheus
+    from reports import textfile
 
     if not 1 <= samples <= 10000 or not 0 <= interval <= 86400:  # also NaN and infinity
         raise UsageProblem("--samples must be 1–10000 and --interval 0–86400 seconds")
@@ -66,6 +66,7 @@ def record(
     check_log_spec(log)
     if prom_file:
         _check_folder(prom_file, create_textfile_dir)  # before sampling: a cron run of 100 s ends in one line
+        _claim_textfile(prom_file)
     path = db or history.default_path()
     opts = analysis_options(margin, request_tokens)
 
@@ -87,7 +88,9 @@ def record(
         try:
             if create_textfile_dir:
                 _ensure_folder(prom_file)
-            prometheus.write(prom_file, metrics_registry(result, node_series_for(node_series, engine)))
+            textfile.write(prom_file, metrics_registry(result, node_series_for(node_series, engine)))
+        except textfile.Refused as exc:
+            raise UsageProblem("--prom-file {}".format(exc)) from None
         except OSError as exc:
             raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
     _report(result, path, prom_file, quiet)
@@ -188,6 +191,19 @@ def _check_folder(path: str, create: bool) -> None:
         raise UsageProblem("--prom-file {}: the directory {} does not exist; node_exporter reads the one in its "
                            "--collector.textfile.directory (kvforensics deploy-files finds it), or pass "
                            "--create-textfile-dir to create this one".format(path, folder))
+
+
+def _claim_textfile(path: str) -> None:
+    """Only our own textfile is replaced (reports/textfile.py): anything else at --prom-file is refused before
+    sampling, exit 2, untouched."""
+    from reports import textfile
+
+    try:
+        textfile.claim(path)
+    except textfile.Refused as exc:
+        raise UsageProblem("--prom-file {}".format(exc)) from None
+    except OSError as exc:
+        raise UsageProblem("--prom-file {}: {}".format(path, exc.strerror or exc)) from None
 
 
 def _ensure_folder(path: str) -> None:
