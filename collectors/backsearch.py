@@ -6,12 +6,13 @@ here). Two things keep that to what the machine allows:
 
 * a reader thread fills the next block (``os.preadv`` releases the GIL) while this thread searches the
   current one: on two cores a 2 GiB scan dropped from 0.25 s to 0.16 s;
-* with a second CPU free, a child process (``os.fork``: no interpreter to start, the open file shared)
-  searches the lower half while this process searches the upper one. The upper half's answer wins
-  whenever it has one (any of its offsets is above all of the lower half's), so the child is then
-  killed unfinished; otherwise its answer is read from a pipe. The answer is the sequential search's,
-  byte for byte: each half reads ``overlap`` bytes past its end, so a needle across the cut is found
-  by the half it starts in. The child stops by itself if this process dies (its parent changes), so
+* with more CPUs free, the span is cut into parts (one per CPU, at most four, none under 32 MiB): this
+  process searches the top one and a child process each of the others (``os.fork``: no interpreter to
+  start, the open file shared). The highest part with a needle holds the answer (any of its offsets is
+  above all of a lower part's), so the answers are taken from the top down and the children below the
+  first hit are killed unfinished; each answer comes through a pipe. The result is the sequential
+  search's, byte for byte: each part reads ``overlap`` bytes past its end, so a needle across a cut is
+  found by the part it starts in. A child stops by itself if this process dies (its parent changes), so
   nothing is left running on an inspected host.
 
 Everything here reads with ``os.pread``/``preadv`` at explicit offsets: the processes share the file
@@ -25,26 +26,33 @@ import signal
 import sys
 from typing import Optional, Sequence, Tuple
 
-# Below this, a second process costs more than it saves (a fork, and the page-table copy it makes).
-SPLIT_MIN_BYTES = 64 << 20
+# A part below this costs more in a process of its own than it saves (a fork, and the page tables it copies).
+PART_MIN_BYTES = 32 << 20
+MAX_PARTS = 4  # on a busy inference host a log search takes at most this many CPUs, for a fraction of a second
 
 
 def last(fd: int, needles: Sequence[bytes], end: int, size: int, block: int) -> int:
     """Offset of the last of ``needles`` that starts before ``end``, or -1, reading ``block`` bytes at a time
     (see the module's doc). ``size``: the file's, so a read past ``end`` stays inside it."""
     span = _Span(fd, tuple(needles), max(len(n) for n in needles) - 1, size, block)
-    cut = end // 2
-    half = _Half.start(span, cut) if _can_split(end) else None
-    if half is None:
+    parts = _parts(end)
+    if parts == 1:
         return _threaded(span, end, 0)
+    cuts = [end * i // parts for i in range(parts + 1)]  # part i is [cuts[i], cuts[i + 1]); the top one is ours
+    children = [_Part.start(span, cuts[i], cuts[i + 1]) for i in range(parts - 1)]
     try:
-        found = _threaded(span, end, cut)
-        if found != -1:
-            return found
-        lower = half.answer()
-        return lower if lower is not None else _threaded(span, cut, 0)
+        found = _threaded(span, end, cuts[-2])
+        for i in reversed(range(parts - 1)):  # the highest part with a needle holds the answer
+            if found != -1:
+                return found
+            child = children[i]
+            answer = child.answer() if child is not None else None
+            found = answer if answer is not None else _threaded(span, cuts[i + 1], cuts[i])
+        return found
     finally:
-        half.stop()
+        for child in children:
+            if child is not None:
+                child.stop()
 
 
 class _Span:
@@ -63,17 +71,23 @@ class _Span:
         return max(hits) if hits else -1
 
 
-def _can_split(end: int) -> bool:
-    """A big span, a second CPU this process may run on, and no other thread (forking a process whose
-    other threads may hold locks is how a child deadlocks)."""
-    if end < SPLIT_MIN_BYTES or not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity"):
-        return False
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except OSError:
-        return False
+def _parts(end: int) -> int:
+    """How many processes search [0, end): one per CPU this process may run on, at most MAX_PARTS, none with
+    less than PART_MIN_BYTES; and one alone beside another thread (a child forked while another thread holds
+    a lock can deadlock on it)."""
+    if end < 2 * PART_MIN_BYTES or not hasattr(os, "fork"):
+        return 1
     threading = sys.modules.get("threading")  # not imported: no thread but this one (probes rarely import it)
-    return cpus >= 2 and (threading is None or threading.active_count() == 1)
+    if threading is not None and threading.active_count() != 1:
+        return 1
+    return max(1, min(_cpus(), MAX_PARTS, end // PART_MIN_BYTES))
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return 1
 
 
 def _threaded(span: _Span, end: int, low: int) -> int:
@@ -115,16 +129,16 @@ def _threaded(span: _Span, end: int, low: int) -> int:
                 thread.join(0.01)
 
 
-class _Half:
-    """A child process searching [0, end) backward; its answer comes back through a pipe."""
+class _Part:
+    """A child process searching [low, end) backward; its answer comes back through a pipe."""
 
     def __init__(self, pid: int, pipe: int) -> None:
         self.pid: Optional[int] = pid
         self.pipe: Optional[int] = pipe
 
     @classmethod
-    def start(cls, span: _Span, end: int) -> "Optional[_Half]":
-        """The child, started; None when no process could be made (then search [0, end) here)."""
+    def start(cls, span: _Span, low: int, end: int) -> "Optional[_Part]":
+        """The child, started; None when no process could be made (then its part is searched here)."""
         try:
             read_end, write_end = os.pipe()
         except OSError:
@@ -140,7 +154,7 @@ class _Half:
             code = 1
             try:
                 os.close(read_end)
-                os.write(write_end, str(_plain(span, end, parent)).encode("ascii"))
+                os.write(write_end, str(_plain(span, low, end, parent)).encode("ascii"))
                 code = 0
             finally:
                 os._exit(code)
@@ -148,7 +162,7 @@ class _Half:
         return cls(pid, read_end)
 
     def answer(self) -> Optional[int]:
-        """The child's offset (or -1); None if it failed (then search its half here)."""
+        """The child's offset (or -1); None if it failed (then its part is searched here)."""
         data = b""
         while self.pipe is not None:
             chunk = os.read(self.pipe, 64)
@@ -186,14 +200,14 @@ class _Half:
         return status
 
 
-def _plain(span: _Span, end: int, parent: int) -> int:
-    """The child's search: one buffer, no thread; it gives up when its parent is gone."""
+def _plain(span: _Span, low: int, end: int, parent: int) -> int:
+    """The child's search of [low, end): one buffer, no thread; it gives up when its parent is gone."""
     buf = bytearray(span.block + span.overlap)
     at = end
-    while at > 0:
+    while at > low:
         if os.getppid() != parent:
             return -1
-        start = max(0, at - span.block)
+        start = max(low, at - span.block)
         found = span.last_in(buf, start, span.read_into(buf, start, at))
         if found != -1:
             return found

@@ -1,5 +1,6 @@
-"""The far backward search (collectors/backsearch.py): split between this process and a child, it answers
-exactly what one sequential search does, leaves no process behind, and falls back when the child fails."""
+"""The far backward search (collectors/backsearch.py): cut into parts searched by this process and children,
+it answers exactly what one sequential search does, leaves no process behind, and searches a failed child's
+part itself."""
 
 from __future__ import annotations
 
@@ -21,20 +22,23 @@ def _reference(data: bytes, needles, end: int) -> int:
     return max(data.rfind(n, 0, limit) for n in needles)
 
 
-@pytest.fixture
-def split_always(monkeypatch):
-    if not hasattr(os, "fork") or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("the split needs fork and two CPUs")
-    monkeypatch.setattr(backsearch, "SPLIT_MIN_BYTES", 0)
+@pytest.fixture(params=[2, 3, 4], ids=lambda k: "{}-parts".format(k))
+def split_always(monkeypatch, request):
+    """Every search of two bytes or more cut into 2, 3 or 4 parts (as many CPUs, whatever this machine has);
+    the children's PIDs, as they start."""
+    if not hasattr(os, "fork"):
+        pytest.skip("the split needs fork")
+    monkeypatch.setattr(backsearch, "PART_MIN_BYTES", 1)
+    monkeypatch.setattr(backsearch, "_cpus", lambda: request.param)
     started = []
-    real = backsearch._Half.start.__func__
+    real = backsearch._Part.start.__func__
 
-    def start(cls, span, end):
-        half = real(cls, span, end)
-        started.append(half.pid if half is not None else None)
-        return half
+    def start(cls, span, low, end):
+        part = real(cls, span, low, end)
+        started.append(part.pid if part is not None else None)
+        return part
 
-    monkeypatch.setattr(backsearch._Half, "start", classmethod(start))
+    monkeypatch.setattr(backsearch._Part, "start", classmethod(start))
     return started
 
 
@@ -59,30 +63,31 @@ def test_split_search_answers_as_one_search(tmp_path, split_always):
     assert any(split_always)  # the child really ran
 
 
-def test_a_needle_across_the_cut_is_found_once(tmp_path, split_always):
-    size = 1000
-    cut = size // 2
-    for start in range(cut - len(NEEDLES[0]) + 1, cut + 1):
-        data = bytearray(b"x" * size)
-        data[start:start + len(NEEDLES[0])] = NEEDLES[0]
-        assert _search(tmp_path, bytes(data), size, block=50) == start
+def test_a_needle_across_a_cut_is_found_once(tmp_path, split_always):
+    size = 1200
+    for cut in (size * i // 4 for i in (1, 2, 3)):  # the 2, 3 and 4-part cuts, each crossed
+        for start in range(cut - len(NEEDLES[0]) + 1, cut + 1):
+            data = bytearray(b"x" * size)
+            data[start:start + len(NEEDLES[0])] = NEEDLES[0]
+            assert _search(tmp_path, bytes(data), size, block=50) == start, (cut, start)
+    assert split_always
 
 
 def test_the_child_is_gone_whichever_half_answers(tmp_path, split_always):
     data = bytearray(b"y" * 4000)
-    data[3500:3500 + 8] = b"KV cache"  # upper half: the child is killed unfinished
-    assert _search(tmp_path, bytes(data), 4000) == 3500
+    data[3900:3900 + 8] = b"KV cache"  # the top part: every child is killed unfinished
+    assert _search(tmp_path, bytes(data), 4000) == 3900
     data = bytearray(b"y" * 4000)
-    data[10:18] = b"KV cache"  # lower half: the child's answer is read
+    data[10:18] = b"KV cache"  # the bottom part: every child's answer is read
     assert _search(tmp_path, bytes(data), 4000) == 10
-    assert len(split_always) == 2 and None not in split_always
+    assert len(split_always) >= 2 and None not in split_always
     for pid in split_always:
         with pytest.raises(ProcessLookupError):  # reaped, not a zombie
             os.kill(pid, 0)
 
 
 def test_a_failed_child_leaves_its_half_to_the_parent(tmp_path, split_always, monkeypatch):
-    def broken(span, end, parent):
+    def broken(span, low, end, parent):
         raise RuntimeError("the child fails")
 
     monkeypatch.setattr(backsearch, "_plain", broken)  # what the forked child runs
@@ -91,17 +96,23 @@ def test_a_failed_child_leaves_its_half_to_the_parent(tmp_path, split_always, mo
     assert _search(tmp_path, bytes(data), 4000) == 100
 
 
-def test_no_split_beside_another_thread_or_on_a_small_span():
-    big = backsearch.SPLIT_MIN_BYTES
+def test_how_many_parts(monkeypatch):
+    mib = 1 << 20
+    monkeypatch.setattr(backsearch, "_cpus", lambda: 16)
+    assert backsearch._parts(63 * mib) == 1  # two parts of 32 MiB at least
+    assert backsearch._parts(64 * mib) == 2 and backsearch._parts(100 * mib) == 3
+    assert backsearch._parts(1 << 30) == backsearch.MAX_PARTS  # at most four CPUs, however many there are
+    monkeypatch.setattr(backsearch, "_cpus", lambda: 1)
+    assert backsearch._parts(1 << 30) == 1
+    monkeypatch.setattr(backsearch, "_cpus", lambda: 16)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
     try:
-        assert not backsearch._can_split(big)
+        assert backsearch._parts(1 << 30) == 1  # no fork beside another thread
     finally:
         stop.set()
         other.join()
-    assert not backsearch._can_split(big - 1)
 
 
 def test_the_child_stops_when_its_parent_is_gone(tmp_path):
@@ -109,5 +120,5 @@ def test_the_child_stops_when_its_parent_is_gone(tmp_path):
     path.write_bytes(b"KV cache" + b"q" * 1000)
     with open(path, "rb") as f:
         span = backsearch._Span(f.fileno(), NEEDLES, 17, 1008, 64)
-        assert backsearch._plain(span, 1008, parent=os.getppid()) == 0
-        assert backsearch._plain(span, 1008, parent=-1) == -1  # not its parent any more: gives up at once
+        assert backsearch._plain(span, 0, 1008, parent=os.getppid()) == 0
+        assert backsearch._plain(span, 0, 1008, parent=-1) == -1  # not its parent any more: gives up at once
