@@ -522,7 +522,7 @@ class _Blocks:
     def rfind(self, needle: Union[bytes, Tuple[bytes, ...]], end: Optional[int] = None) -> int:
         """Offset of the last ``needle`` (or of the last of several) before ``end``, or -1; reads
         backwards block by block, so a needle near the end costs one block whatever the file size (the far
-        part: collectors/backsearch.py, a reader thread and, with a second CPU, a second process)."""
+        part: collectors/backsearch.py, a reader thread and, with more CPUs free, up to three more processes)."""
         pos = self.size if end is None else end
         needles = (needle,) if isinstance(needle, bytes) else needle
         overlap = max(len(n) for n in needles) - 1
