@@ -7,7 +7,7 @@ load; medians of KVF_BENCH_RUNS (default 9; 3 for the fleet). Measured:
 
 * ``analyze LOG --json`` on the small seed log (examples/, 1 startup): wall and CPU time;
 * one ``record`` on the 8-GPU fake node (tests/fakenode.py): CPU time (user + sys) and peak RSS, and the CPU per
-  sample of the shipped configuration (6 samples per run);
+  sample of the shipped configuration (6 samples per run), and ``serve``'s CPU per sample (the resident collector);
 * the probe's bytes on the wire (what one SSH exec sends), and its CPU on the 8-GPU fake node;
 * the fleet: 32 loopback hosts, 16 at a time (tests/sshd.py), against ``xargs -P 16 ssh HOST python3 -c pass``.
 """
@@ -148,6 +148,53 @@ def probe_cpu(trees: List[Path]) -> Tuple[List[float], float]:
     return [statistics.median(r) for r in res], statistics.median(bare)
 
 
+def serve_cpu(trees: List[Path], scrapes: int = 10) -> List[float]:
+    """CPU per sample of the resident collector, ``serve --min-interval 0`` on the 8-GPU fake node: the
+    process's own CPU (all its threads, /proc/PID/stat) over ``scrapes`` scrapes after a first one, each
+    scrape one sample into the history. What a node pays per sample when nothing is imported again."""
+    import urllib.request
+
+    from tests.fakenode import FakeNode, build_fake_nvml
+    from tests.sshd import free_port
+
+    lib = build_fake_nvml()
+    work = Path(tempfile.mkdtemp(prefix="kvf-bench-serve-"))
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(pid: int) -> float:
+        fields = Path("/proc/{}/stat".format(pid)).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    out = []
+    with FakeNode(work / "node") as node:
+        env = dict(node.env())
+        env.pop("PYTHONPATH", None)
+        for i, tree in enumerate(trees):
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--listen", "127.0.0.1:{}".format(port),
+                                     "--db", str(work / "s{}.db".format(i)), "--min-interval", "0", "--nvml-lib",
+                                     str(lib), "--no-http"], cwd=str(tree), env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            try:
+                url = "http://127.0.0.1:{}/metrics".format(port)
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        urllib.request.urlopen(url, timeout=60).read()  # the first sample: imports, history
+                        break
+                    except OSError:
+                        assert time.monotonic() < deadline and proc.poll() is None, "serve did not start"
+                        time.sleep(0.1)
+                before = cpu(proc.pid)
+                for _ in range(scrapes):
+                    urllib.request.urlopen(url, timeout=60).read()
+                out.append((cpu(proc.pid) - before) / scrapes)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    return out
+
+
 def probe_bytes(tree: Path) -> int:
     code = ("from agent.remote import probe; print(len(probe.build({'nvml_lib': None, 'log': None, 'startup': -1, "
             "'model_config_path': None, 'http': False}).script))")
@@ -188,6 +235,7 @@ def main() -> int:
     r = record(trees)
     p = [probe_bytes(t) for t in trees]
     pc, bare = probe_cpu(trees)
+    sv = serve_cpu(trees)
     skip_fleet = os.environ.get("KVF_BENCH_NO_FLEET")
     f, peer = fleet(trees) if not skip_fleet else ([float("nan")] * 2, float("nan"))
     rows = [
@@ -204,6 +252,8 @@ def main() -> int:
                                                                     r[1][1] / r[0][1]),
         "| `record`, CPU per sample, 6 samples per run (the shipped cron/systemd line) | {:.3f} s | {:.3f} s | "
         "{:.2f} |".format(r[0][2], r[1][2], r[1][2] / r[0][2]),
+        "| `serve --min-interval 0`, CPU per sample (resident: one scrape, one sample) | {:.3f} s | {:.3f} s | "
+        "{:.2f} |".format(sv[0], sv[1], sv[1] / sv[0]),
         "| probe bytes on the wire (one exec) | {:,} | {:,} | {:.2f} |".format(p[0], p[1], p[1] / p[0]),
         "| probe CPU on the 8-GPU fake node (`{} -I -`; given `pass`: {:.3f} s) | {:.3f} s | {:.3f} s | "
         "{:.2f} |".format(HOST_PYTHON, bare, pc[0], pc[1], pc[1] / pc[0]),
