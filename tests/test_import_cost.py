@@ -91,6 +91,22 @@ def test_local_inspect_json_imports_nothing_heavy(fake_node, tmp_path):
     assert _heavy(modules, INSPECT_HEAVY) == []
 
 
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs root for a PID namespace")
+def test_a_node_without_an_engine_imports_no_engine_analysis(tmp_path):
+    """record from cron on an idle GPU node, or a sweep of nodes that run none: no engine's analysis, rules or
+    recommenders (~25 ms). In a PID namespace of its own, so other tests' fake engines are not on this node."""
+    env = dict(os.environ, KVFORENSICS_DB=str(tmp_path / "none.db"))
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount", "--mount-proc", sys.executable, "-c", _PROBE,
+                           "inspect", "--json", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "--no-http",
+                           "--fail-on", "never"], cwd=str(ROOT), capture_output=True, text=True, timeout=120, env=env)
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("MODULES "))
+    modules = set(json.loads(line[len("MODULES "):]))
+    codes = [f["code"] for f in json.loads(proc.stdout)["targets"][0]["findings"]]
+    assert "engine_not_found" in codes  # the rule that names every engine still ran
+    assert _heavy(modules, ("agent.sglang.analysis", "agent.sglang.rules", "agent.sglang.recommend",
+                            "agent.vllm.analysis", "agent.vllm.rules", "agent.vllm.recommend")) == []
+
+
 def test_analyze_json_imports_nothing_heavy():
     modules, out = _modules("analyze", str(ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"), "--json")
     assert json.loads(out)["schema"]  # it did its job

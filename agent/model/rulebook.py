@@ -65,6 +65,7 @@ def findings(ctx: Context) -> List[Finding]:
 
 
 def recommendations(ctx: Context) -> List[Recommendation]:
-    """Each engine's recommenders; without a startup analysis, every engine's (they read the live node)."""
-    engines = ENGINES.all() if ctx.analysis is None else _mine(ctx)
+    """The explained engine's recommenders: the log's engine, else the live node's (they read the live node);
+    none on a node without an engine, whose recommenders are then never imported."""
+    engines = _named(ctx.engine_kind) if ctx.analysis is None else _mine(ctx)
     return [r for e in engines for rec in e.recommenders for r in rec(ctx)]

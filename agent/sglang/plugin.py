@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from agent.plugin import EngineModel, LoadMetrics
-from agent.sglang import hicache, imbalance, recommend, rules
-from agent.sglang.analysis import build_analysis
-from collectors.registry import lazy
+from collectors.registry import lazy, lazy_rows
 from collectors.units import gib
 
 if TYPE_CHECKING:
@@ -25,10 +23,12 @@ def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[
 
 ENGINE = EngineModel(
     name="sglang",
-    build_analysis=build_analysis,
-    headlines=tuple(rules.HEADLINES),
-    rules=tuple(rules.RULES),
-    recommenders=tuple(recommend.RECOMMENDERS),
+    # Its analysis, rules and recommenders load when its startup or its server is there: a node without SGLang
+    # (no engine, or another one) never imports them.
+    build_analysis=lazy("agent.sglang.analysis:build_analysis"),
+    headlines=lazy_rows("agent.sglang.rules:HEADLINES"),
+    rules=lazy_rows("agent.sglang.rules:RULES"),
+    recommenders=lazy_rows("agent.sglang.recommend:RECOMMENDERS"),
     place=lazy("agent.sglang.live:place"),  # a live node only: a pasted log never loads its records
     budget_flag="--mem-fraction-static",
     # collectors/sglang/http.py WANTED: the scheduler's gauges (with --enable-metrics)
@@ -40,6 +40,6 @@ ENGINE = EngineModel(
                             ("sglang:num_used_tokens", "tokens in use", "{:,.0f}"))),
     process_hint=("`sglang.launch_server`", "`sglang serve`", "`sglang::scheduler*`"),
     foreign_cost=foreign_cost,
-    node_rules=(hicache.host_ram_offload,),
-    log_imbalance=imbalance.log_imbalance,
+    node_rules=(lazy("agent.sglang.hicache:host_ram_offload"),),
+    log_imbalance=lazy("agent.sglang.imbalance:log_imbalance"),
 )

@@ -6,9 +6,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from agent.model.node_rules import live_settings
 from agent.plugin import EngineModel, LoadMetrics
-from agent.vllm import recommend, rules
-from agent.vllm.analysis import build_analysis
-from collectors.registry import lazy
+from collectors.registry import lazy, lazy_rows
 
 if TYPE_CHECKING:
     from agent.model.context import Context
@@ -28,10 +26,12 @@ def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[
 
 ENGINE = EngineModel(
     name="vllm",
-    build_analysis=build_analysis,
-    headlines=tuple(rules.HEADLINES),
-    rules=tuple(rules.RULES),
-    recommenders=tuple(recommend.RECOMMENDERS),
+    # Its analysis, rules and recommenders load when its startup or its server is there: a node without vLLM
+    # (no engine, or another one) never imports them.
+    build_analysis=lazy("agent.vllm.analysis:build_analysis"),
+    headlines=lazy_rows("agent.vllm.rules:HEADLINES"),
+    rules=lazy_rows("agent.vllm.rules:RULES"),
+    recommenders=lazy_rows("agent.vllm.recommend:RECOMMENDERS"),
     place=lazy("agent.vllm.live:place"),  # a live node only: a pasted log never loads its records
     budget_flag="--gpu-memory-utilization",
     # The V1 and V0 names (collectors/vllm/metrics.py); usage is a share of its blocks, not a token count.
