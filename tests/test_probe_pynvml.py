@@ -32,7 +32,8 @@ proc 1 compute 4244 1000
 # a lost GPU, fields the driver refuses, and the init failures.
 DIRECTIVES = ["", "process_api v2", "process_api v1", "process_api cc", "memory_api v1",
               "init driver_not_loaded", "init no_permission", "init rm_version_mismatch", "init unknown"]
-EDITS = [("gpu 1 ", "gpu 1 state=lost "), ("gpu 1 ", "gpu 1 memory=no_permission processes=no_permission ")]
+EDITS = {"lost GPU": ("gpu 1 ", "gpu 1 state=lost "),
+         "refused fields": ("gpu 1 ", "gpu 1 memory=no_permission processes=no_permission ")}
 
 COLLECT = "import json, sys; from collectors import nvml; print(json.dumps(nvml.collect(sys.argv[1]), sort_keys=True))"
 
@@ -57,8 +58,8 @@ def pynvml_dirs(tmp_path_factory):
     return base / "whole", base / "cut"
 
 
-@pytest.mark.parametrize("edit", [("", "")] + [(d, "") for d in DIRECTIVES[1:]] + [("", e) for e in range(len(EDITS))],
-                         ids=lambda e: "-".join(str(x) for x in e if x != "") or "v3")
+@pytest.mark.parametrize("edit", [("", "")] + [(d, "") for d in DIRECTIVES[1:]] + [("", e) for e in EDITS],
+                         ids=lambda e: "".join(e) or "process_api v3")
 def test_the_cut_pynvml_answers_as_the_whole_one(pynvml_dirs, tmp_path, edit):
     directive, which = edit
     text = SCENARIO if which == "" else SCENARIO.replace(*EDITS[which], 1)
