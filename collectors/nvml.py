@@ -29,8 +29,9 @@ _IMPLAUSIBLE_BYTES = 1 << 50  # 1 PiB per process: only a shifted struct reads l
 # Every name this module reads from pynvml, those built at run time (the process-list calls) included: the
 # probe ships only the part of pynvml these reach (agent/remote/shake.py). tests/test_probe_pynvml.py fails
 # when a ``nv.X`` here is missing from the list.
-_PROCESS_CALLS = tuple("nvmlDevice{}RunningProcesses{}".format(kind, version)
-                       for kind in ("GetCompute", "GetGraphics") for version in ("", "_v2", "_v3"))
+_PROCESS_LIST = {"compute": "nvmlDeviceGetComputeRunningProcesses",
+                 "graphics": "nvmlDeviceGetGraphicsRunningProcesses"}  # + "_v3", "_v2", or "" (v1)
+_PROCESS_CALLS = tuple(prefix + version for prefix in _PROCESS_LIST.values() for version in ("", "_v2", "_v3"))
 PYNVML_USES = ("NVMLError", "NVML_ERROR_INSUFFICIENT_SIZE", "NVML_SUCCESS", "_nvmlGetFunctionPointer",
                "_nvmlGetFunctionPointer_cache", "libLoadLock", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
                "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMigMode", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo_v3",
@@ -221,7 +222,7 @@ def _process_list(nv: Any, handle: Any, kind: str) -> Tuple[Optional[List[Dict[s
                                                             List[Dict[str, str]]]:
     """Try _v3, then _v2, then the v1 symbol; discard a list a struct mismatch corrupted."""
     problems: List[Dict[str, str]] = []
-    prefix = "nvmlDevice{}RunningProcesses".format("GetCompute" if kind == "compute" else "GetGraphics")
+    prefix = _PROCESS_LIST[kind]
     calls = (("_v3", getattr(nv, prefix + "_v3", None)), ("_v2", getattr(nv, prefix + "_v2", None)),
              ("", lambda h: _v1_list(nv, prefix, h)))
     for suffix, fn in calls:
