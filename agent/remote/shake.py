@@ -51,8 +51,7 @@ def kept_statements(tree: ast.Module, roots: Iterable[str], keep_prefixes: Tuple
     body = tree.body
     defines = [_defined(s) for s in body]
     mentions = [_mentioned(s) for s in body]
-    kept = [d is None or any(n.startswith(keep_prefixes) for n in d) for d in defines] if keep_prefixes else \
-        [d is None for d in defines]
+    kept = [d is None or any(n.startswith(keep_prefixes) for n in d) for d in defines]  # startswith(()): False
     needed = set(roots)
     grew = True
     while grew:
