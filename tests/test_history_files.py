@@ -396,12 +396,13 @@ def _poke_bytes(db: Path, offset: int, data: bytes) -> None:
 
 @pytest.mark.parametrize("kind", ["directory", "fifo", "another program's sqlite"])
 def test_inspect_reads_no_history_from_what_is_not_ours(tmp_path, replay, kind):
-    from agent.history.record import current_stats
+    from agent.history.record import local_history
 
     db = tmp_path / "h.db"
     HOSTILE[kind][0](db)
     before = folder(db)
-    assert current_stats(str(db), replay) is None
+    snap, recorded = local_history(str(db), replay)
+    assert recorded is None and snap is replay
     assert folder(db) == before
 
 

@@ -271,38 +271,22 @@ def _replaces(e: EngineRecord, r: history.RecentRun) -> bool:
     return same and e.stats.first_seen >= r.last_seen
 
 
-def current_stats(db_path: str, snap: Dict[str, Any]) -> Optional[history.RunStats]:
-    """The recorded history of the engine run ``snap`` belongs to, if any (read-only)."""
-    def read(conn: sqlite3.Connection) -> Optional[history.RunStats]:
-        rid = history.run_id_for(conn, run_key(snap))
-        return history.run_stats(conn, rid) if rid is not None else None
-
-    return _read_only(db_path, read, None)
-
-
 def local_history(db_path: str, snap: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[history.RunStats]]:
-    """``kept_startup`` and then ``current_stats`` of what it gives, over one opening of the history (inspect
-    on the node: each opening checks the file, quick_check included, which grows with the history)."""
-    def read(conn: sqlite3.Connection) -> Tuple[Dict[str, Any], Optional[history.RunStats]]:
-        looked = with_kept_startup(conn, snap)
-        rid = history.run_id_for(conn, run_key(looked))
-        return looked, history.run_stats(conn, rid) if rid is not None else None
-
-    return _read_only(db_path, read, (snap, None))
-
-
-def _read_only(db_path: str, read: Callable[[sqlite3.Connection], Any], default: Any) -> Any:
-    """``read`` over the history at ``db_path`` if there is one that opens; ``default`` when there is none,
-    it is not ours, or it is damaged (a damaged history is no history here; record says so)."""
+    """``with_kept_startup``, and the recorded history of the engine run what it gives belongs to, over one
+    opening of the history, read-only (inspect on the node: each opening checks the file, quick_check
+    included, which grows with the history). ``snap`` and None when there is no history, it is not ours, or
+    it is damaged (a damaged history is no history here; record says so)."""
     if not os.path.exists(db_path):
-        return default
+        return snap, None
     try:
         opened = history.open_db(db_path, create=False)
     except history.HistoryError:
-        return default
+        return snap, None
     try:
-        return read(opened.conn)
+        looked = with_kept_startup(opened.conn, snap)
+        rid = history.run_id_for(opened.conn, run_key(looked))
+        return looked, history.run_stats(opened.conn, rid) if rid is not None else None
     except (history.HistoryError, sqlite3.Error):
-        return default
+        return snap, None
     finally:
         opened.conn.close()
