@@ -206,39 +206,43 @@ def _offline_hicache(a: Analysis) -> Iterator[Recommendation]:
         gain_requests={"at_context_len": 0, "at_request_tokens": 0})
 
 
+def _mamba_ratio(a: Analysis) -> int:
+    """Mamba state slots per running request: 1 with --disable-radix-cache, else 3, plus 1-2 with the
+    extra_buffer strategy (init_memory_pool, model_runner_kv_cache_mixin.py, sglang 0.5.8)."""
+    return 1 if a.server_args.get("disable_radix_cache") is True else 3
+
+
 def _mamba_slot_cap(a: Analysis) -> Optional[int]:
-    """Hybrid Mamba models: SGLang clamps max_running_requests to max_mamba_cache_size // ratio, the
-    ratio 1 with --disable-radix-cache, else 3, plus 1-2 with the extra_buffer strategy
-    (init_memory_pool, model_runner_kv_cache_mixin.py, sglang 0.5.8). 0 when the log shows a Mamba
-    pool without its size: the cap is unknown, so no limit can be advised. None: no Mamba pool."""
+    """Hybrid Mamba models: SGLang clamps max_running_requests to max_mamba_cache_size // _mamba_ratio.
+    0 when the log shows a Mamba pool without its size: the cap is unknown, so no limit can be advised.
+    None: no Mamba pool."""
     pools = [e for r in a.attributed.ranks for e in r.target.all("mamba_pool")]
     if not pools:
         return None
     sizes = [e.data["max_size"] for e in pools if e.data.get("max_size")]
     if len(sizes) < len(pools):
         return 0
-    return min(sizes) // (1 if a.server_args.get("disable_radix_cache") is True else 3)
+    return min(sizes) // _mamba_ratio(a)
 
 
 def max_running_requests(a: Analysis) -> Iterator[Recommendation]:
     s = a.summary
     if a.failed is not None or s.max_total_num_tokens is None or s.max_running_requests is None:
         return
-    fit = s.max_total_num_tokens // a.options.request_tokens
+    held = s.max_total_num_tokens // a.options.request_tokens
     cap = _mamba_slot_cap(a)
-    if cap is not None:
-        fit = min(fit, cap)
+    fit = held if cap is None else min(held, cap)
     if fit <= s.max_running_requests:
         return
     mamba = "" if cap is None else (
         " The Mamba state pool caps it at {:,} (max_mamba_cache_size // {}, SGLang's own clamp; lower still with "
         "--mamba-scheduler-strategy extra_buffer): more needs --max-mamba-cache-size, which takes memory from the "
-        "KV pool.".format(cap, 1 if a.server_args.get("disable_radix_cache") is True else 3))
+        "KV pool.".format(cap, _mamba_ratio(a)))
     yield Recommendation(
         flag="--max-running-requests", value=str(fit), gain_bytes=0, gain_tokens=0, basis="estimated",
         rationale="The KV pool holds {:,} requests of {:,} tokens but only {:,} may run at once. Raising the limit "
         "uses the pool you already have; the req_to_token table grows by {} per extra slot.{}".format(
-            s.max_total_num_tokens // a.options.request_tokens, a.options.request_tokens, s.max_running_requests,
+            held, a.options.request_tokens, s.max_running_requests,
             gib(4 * s.context_len) if s.context_len else "4 B × context_len", mamba),
         gain_requests={"at_context_len": 0, "at_request_tokens": fit - s.max_running_requests},
         fixes="concurrency_bound")
