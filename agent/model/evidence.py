@@ -309,8 +309,9 @@ class Snapshot:
     def engine_pod(self) -> Optional[Pod]:
         """The pod of the engine explained: as the node's kubelet layout names it, else (a probe run inside the
         pod through kubectl, which sees no kubelet layout) the pod kubectl reached."""
-        found = self.selected.pod if self.selected is not None else None
-        return found if found is not None else (self.pod if self.selected is not None else None)
+        if self.selected is None:
+            return None
+        return self.selected.pod if self.selected.pod is not None else self.pod
 
 
 def _problems(section: Mapping[str, Any]) -> Tuple[Problem, ...]:
