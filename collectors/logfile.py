@@ -674,9 +674,10 @@ def _from_launch(src: _Blocks, anchor: int, plugin: EngineCollectors, engine: st
     hit = max(piece.rfind(n) for n in plugin.launch_lines)
     if hit == -1:
         return None
-    start = src.line_start(low + hit)
-    if start < low:  # inside a line that began before the window (glued records): the window's own rules
-        return None
+    newline = piece.rfind(b"\n", 0, hit)  # the line's start, from the bytes already read
+    if newline == -1 and low > 0 and src.read(low - 1, 1) != b"\n":
+        return None  # a line that began before the window (glued records): the window's own rules
+    start = low + newline + 1
     base_line = _base_line(src, start, count_lines)
     seg, notes = _scan_window(src, start, anchor, base_line, keep=None, engine=engine)
     startups = seg.result()
