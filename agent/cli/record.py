@@ -89,10 +89,8 @@ def record(
             if create_textfile_dir:
                 _ensure_folder(prom_file)
             textfile.write(prom_file, metrics_registry(result, node_series_for(node_series, engine)))
-        except textfile.Refused as exc:
-            raise UsageProblem("--prom-file {}".format(exc)) from None
-        except OSError as exc:
-            raise UsageProblem("--prom-file {}: {}".format(prom_file, exc.strerror or exc)) from None
+        except (textfile.Refused, OSError) as exc:
+            raise _textfile_problem(prom_file, exc) from None
     _report(result, path, prom_file, quiet)
 
 
@@ -200,10 +198,17 @@ def _claim_textfile(path: str) -> None:
 
     try:
         textfile.claim(path)
-    except textfile.Refused as exc:
-        raise UsageProblem("--prom-file {}".format(exc)) from None
-    except OSError as exc:
-        raise UsageProblem("--prom-file {}: {}".format(path, exc.strerror or exc)) from None
+    except (textfile.Refused, OSError) as exc:
+        raise _textfile_problem(path, exc) from None
+
+
+def _textfile_problem(path: str, exc: Exception) -> UsageProblem:
+    """--prom-file's one line: a refusal says the path itself; an OSError is the system's words."""
+    from reports import textfile
+
+    if isinstance(exc, textfile.Refused):
+        return UsageProblem("--prom-file {}".format(exc))
+    return UsageProblem("--prom-file {}: {}".format(path, getattr(exc, "strerror", None) or exc))
 
 
 def _ensure_folder(path: str) -> None:
