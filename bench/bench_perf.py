@@ -14,8 +14,10 @@ load; medians of KVF_BENCH_RUNS (default 9; 3 for the fleet). Measured:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,7 +25,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -92,17 +94,28 @@ def analyze(trees: List[Path]) -> List[Tuple[float, float]]:
     return [(_med(r, 0), _med(r, 1)) for r in res]
 
 
-def record(trees: List[Path]) -> List[Tuple[float, float, float]]:
-    """Per tree: CPU of a one-sample run, its peak RSS, and CPU per sample of the shipped configuration
-    (deploy/: 6 samples per run; --interval 0 here, which changes the wall time, not the CPU)."""
+@contextlib.contextmanager
+def _fake_node(prefix: str) -> Iterator[Tuple[Path, Path, Dict[str, str]]]:
+    """The 8-GPU fake node running (tests/fakenode.py): a scratch folder, the fake driver library, and the
+    environment a command needs to see the node (without this tree's PYTHONPATH: each tree imports its own)."""
     from tests.fakenode import FakeNode, build_fake_nvml
 
     lib = build_fake_nvml()
-    work = Path(tempfile.mkdtemp(prefix="kvf-bench-perf-"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with FakeNode(work / "node") as node:
+            env = dict(node.env())
+            env.pop("PYTHONPATH", None)
+            yield work, lib, env
+    finally:
+        shutil.rmtree(str(work), ignore_errors=True)
+
+
+def record(trees: List[Path]) -> List[Tuple[float, float, float]]:
+    """Per tree: CPU of a one-sample run, its peak RSS, and CPU per sample of the shipped configuration
+    (deploy/: 6 samples per run; --interval 0 here, which changes the wall time, not the CPU)."""
     out = []
-    with FakeNode(work / "node") as node:
-        env = dict(node.env())
-        env.pop("PYTHONPATH", None)
+    with _fake_node("kvf-bench-perf-") as (work, lib, env):
         res: List[List[Tuple]] = [[] for _ in trees]
         six: List[List[Tuple]] = [[] for _ in trees]
         for _ in range(RUNS + 1):
@@ -120,14 +133,13 @@ def record(trees: List[Path]) -> List[Tuple[float, float, float]]:
 def probe_cpu(trees: List[Path]) -> Tuple[List[float], float]:
     """CPU of one probe run on the 8-GPU fake node (``python3 -I -``, as over SSH), per tree, and of
     ``python3 -I -`` given ``pass``: what each inspected host spends."""
-    from tests.fakenode import FakeNode, build_fake_nvml
+    from tests.fakenode import build_fake_nvml
 
     lib = build_fake_nvml()
     code = ("import sys; from agent.remote import probe; sys.stdout.buffer.write(probe.build({{'nvml_lib': {!r}, "
             "'log': None, 'startup': -1, 'model_config_path': None, 'http': False}}).script)").format(str(lib))
     scripts = [subprocess.run([sys.executable, "-c", code], cwd=str(t), capture_output=True, check=True).stdout
                for t in trees]
-    work = Path(tempfile.mkdtemp(prefix="kvf-bench-probe-"))
 
     def cpu(script: bytes, env: Dict[str, str]) -> float:
         proc = subprocess.Popen([HOST_PYTHON, "-I", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
@@ -137,8 +149,7 @@ def probe_cpu(trees: List[Path]) -> Tuple[List[float], float]:
         assert os.waitstatus_to_exitcode(status) == 0
         return usage.ru_utime + usage.ru_stime
 
-    with FakeNode(work / "node") as node:
-        env = dict(node.env())
+    with _fake_node("kvf-bench-probe-") as (_, _, env):
         res: List[List[float]] = [[] for _ in trees]
         bare: List[float] = []
         for _ in range(RUNS):
@@ -154,11 +165,8 @@ def serve_cpu(trees: List[Path], scrapes: int = 10) -> List[float]:
     scrape one sample into the history. What a node pays per sample when nothing is imported again."""
     import urllib.request
 
-    from tests.fakenode import FakeNode, build_fake_nvml
     from tests.sshd import free_port
 
-    lib = build_fake_nvml()
-    work = Path(tempfile.mkdtemp(prefix="kvf-bench-serve-"))
     tick = os.sysconf("SC_CLK_TCK")
 
     def cpu(pid: int) -> float:
@@ -166,9 +174,7 @@ def serve_cpu(trees: List[Path], scrapes: int = 10) -> List[float]:
         return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
 
     out = []
-    with FakeNode(work / "node") as node:
-        env = dict(node.env())
-        env.pop("PYTHONPATH", None)
+    with _fake_node("kvf-bench-serve-") as (work, lib, env):
         for i, tree in enumerate(trees):
             port = free_port()
             proc = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--listen", "127.0.0.1:{}".format(port),
