@@ -42,9 +42,17 @@ sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
 """
 
 
-def _modules(*args: str, env=None) -> set:
-    proc = subprocess.run([sys.executable, "-c", _PROBE] + list(args), cwd=str(ROOT), capture_output=True,
-                          text=True, timeout=120, env=env)
+# A command run in a PID namespace of its own (and /proc mounted for it) sees no process of this machine: other
+# tests' fake engines, or another copy of the suite's, cannot change what it finds and so what it imports.
+ALONE = ["unshare", "--pid", "--fork", "--mount", "--mount-proc"]
+needs_own_pids = pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
+                                    reason="needs root for a PID namespace")
+
+
+def _modules(*args: str, env=None, alone: bool = False) -> set:
+    """The modules a command imported, and its stdout; ``alone``: in a PID namespace of its own (ALONE)."""
+    proc = subprocess.run((ALONE if alone else []) + [sys.executable, "-c", _PROBE] + list(args), cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=120, env=env)
     line = next(x for x in proc.stderr.splitlines() if x.startswith("MODULES "))
     return set(json.loads(line[len("MODULES "):])), proc.stdout
 
@@ -91,17 +99,14 @@ def test_local_inspect_json_imports_nothing_heavy(fake_node, tmp_path):
     assert _heavy(modules, INSPECT_HEAVY) == []
 
 
-@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs root for a PID namespace")
+@needs_own_pids
 def test_a_node_without_an_engine_imports_no_engine_analysis(tmp_path):
     """record from cron on an idle GPU node, or a sweep of nodes that run none: no engine's analysis, rules or
     recommenders (~25 ms). In a PID namespace of its own, so other tests' fake engines are not on this node."""
     env = dict(os.environ, KVFORENSICS_DB=str(tmp_path / "none.db"))
-    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount", "--mount-proc", sys.executable, "-c", _PROBE,
-                           "inspect", "--json", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "--no-http",
-                           "--fail-on", "never"], cwd=str(ROOT), capture_output=True, text=True, timeout=120, env=env)
-    line = next(x for x in proc.stderr.splitlines() if x.startswith("MODULES "))
-    modules = set(json.loads(line[len("MODULES "):]))
-    codes = [f["code"] for f in json.loads(proc.stdout)["targets"][0]["findings"]]
+    modules, out = _modules("inspect", "--json", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "--no-http",
+                            "--fail-on", "never", env=env, alone=True)
+    codes = [f["code"] for f in json.loads(out)["targets"][0]["findings"]]
     assert "engine_not_found" in codes  # the rule that names every engine still ran
     assert _heavy(modules, ("agent.sglang.analysis", "agent.sglang.rules", "agent.sglang.recommend",
                             "agent.vllm.analysis", "agent.vllm.rules", "agent.vllm.recommend")) == []
@@ -195,15 +200,15 @@ PROBE_HEAVY = ("zipfile", "shutil", "pathlib", "urllib", "socket", "platform", "
                "subprocess", "tempfile")
 
 
-@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs root for a PID namespace")
+@needs_own_pids
 def test_the_probe_imports_nothing_heavy_on_the_host():
     from agent.remote import probe
 
     script = probe.build({"nvml_lib": "/nonexistent/libnvidia-ml.so.1", "log": None, "http": False}).script
     # In a PID namespace of its own the probe finds no engine (other tests' fake servers run on this machine);
     # -S: what site imports (this venv's editable-install finder loads pathlib and urllib) is not the probe's.
-    done = subprocess.run(["unshare", "--pid", "--fork", "--mount", "--mount-proc", sys.executable, "-I", "-S", "-X",
-                           "importtime", "-"], input=script, capture_output=True, timeout=120)
+    done = subprocess.run(ALONE + [sys.executable, "-I", "-S", "-X", "importtime", "-"], input=script,
+                          capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     modules = {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines()
                if line.startswith("import time:") and "|" in line}
