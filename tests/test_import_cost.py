@@ -1,12 +1,13 @@
 """What `kvforensics analyze LOG --json` may import: a command pays only for what it uses.
 
-Measured with ``python -X importtime`` (bench/RESULTS.md, 2026-12-01): typer's pydantic adapters
-(pydantic, pydantic_core, annotated_types: ~50–80 ms) coerce option values we can coerce with the
-stdlib; rich (~30 ms) draws help and tracebacks nobody sees in JSON; jsonschema (~40 ms with its
-referencing/rpds stack) checks documents analyze does not read; paramiko/cryptography (SSH),
-prometheus_client, sqlite3 (history) and the other commands' modules belong to inspect, record and
-serve. No timing here (timings live in bench/): the list is what must not load. `record` and local
-`inspect --json` on the 8-GPU fake node have their own lists (issue 21), drawn from the same one.
+Measured with ``python -X importtime`` (bench/RESULTS.md, 2026-12-01): typer itself (~25 ms) parses
+command lines agent/cli/fastparse.py reads exactly, and its pydantic adapters (pydantic, pydantic_core,
+annotated_types: ~50–80 ms) coerce option values we can coerce with the stdlib; rich (~30 ms) draws
+help and tracebacks nobody sees in JSON; jsonschema (~40 ms with its referencing/rpds stack) checks
+documents analyze does not read; paramiko/cryptography (SSH), prometheus_client, sqlite3 (history) and
+the other commands' modules belong to inspect, record and serve. No timing here (timings live in
+bench/): the list is what must not load. `record` and local `inspect --json` on the 8-GPU fake node
+have their own lists (issue 21), drawn from the same one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 HEAVY = (
-    "pydantic", "pydantic_core", "annotated_types", "typer._adapters",  # typer's coercion
+    "typer", "click",  # the command line read by agent/cli/fastparse.py: typer only for help and mistakes
+    "pydantic", "pydantic_core", "annotated_types",  # typer's coercion
     "rich",  # help and tracebacks
     "jsonschema", "referencing", "rpds",  # schema checks
     "paramiko", "cryptography",  # SSH

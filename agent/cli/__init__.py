@@ -1,9 +1,14 @@
-"""Command line: ``kvforensics COMMAND``. Thin Typer commands over plain functions, one module each.
+"""Command line: ``kvforensics COMMAND``. Thin commands over plain functions, one module each.
 
 ``main()`` is the only place that turns outcomes into exit codes (agent/cli/exitcodes.py).
 Heavy modules (rich, the model, paramiko) are imported inside commands so ``--help`` stays fast, and
 ``main()`` imports only the command it runs (``COMMANDS`` names each one's module): ``analyze`` never
 loads inspect's SSH and rendering stack. ``app`` (every command) is built on first use.
+
+Each command declares its parameters once (agent/cli/params.py). Typer is the command line: its help, its
+shell completion, its error messages. A command line that ``fastparse`` reads exactly (the common ones: a
+cron's ``record``, ``analyze LOG --json``) runs without importing typer, ~25 ms of a ~0.1 s command;
+every other one, and every mistake, goes through typer.
 
 Typer 0.2x coerces every parameter's value through a pydantic TypeAdapter, which costs a command
 ~50–80 ms of imports before it does anything. ``_fast_coercion`` gives the plain types our commands
@@ -15,14 +20,15 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import sys
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
-import typer
-
-from agent.cli import exitcodes
+from agent.cli import exitcodes, fastparse
 from agent.cli.options import UsageProblem
+from agent.cli.params import ExitStatus, Option, Param
+
+if TYPE_CHECKING:
+    import typer
 
 __all__ = ["app", "entry", "main", "UsageProblem", "COMMANDS"]
 
@@ -38,10 +44,12 @@ COMMANDS = (
     ("deploy-files", "deploy:deploy_files", "Write cron, systemd, alert, Kubernetes, Grafana files."),
     ("schema", "deploy:schema", "Print a published JSON Schema (report, snapshot, history)."),
 )
-_APP: Optional[typer.Typer] = None
+_APP: "Optional[typer.Typer]" = None
 
 
-def _new_app() -> typer.Typer:
+def _new_app() -> "typer.Typer":
+    import typer
+
     made = typer.Typer(
         add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
         no_args_is_help=True,
@@ -51,7 +59,7 @@ def _new_app() -> typer.Typer:
         "free memory into KV tokens and concurrent requests. Sizes are GiB on screen, bytes in JSON. "
         "Environment: NO_COLOR disables colour; KVFORENSICS_DEBUG=1 shows tracebacks of internal errors.",
     )
-    made.callback()(_group)
+    made.callback()(typed(_group))
     return made
 
 
@@ -63,23 +71,57 @@ def _version(value: bool) -> None:
             sys.stdout.write("kvforensics {}\n".format(version("kvforensics")))
         except PackageNotFoundError:
             sys.stdout.write("kvforensics (not installed: running from a source tree)\n")
-        raise typer.Exit(exitcodes.EXIT_OK)
+        raise ExitStatus(exitcodes.EXIT_OK)
 
 
 def _group(
-    show_version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
-                                      help="Print the version and exit."),
+    show_version: Annotated[bool, Option("--version", "-V", callback=_version, is_eager=True,
+                                         help="Print the version and exit.")] = False,
 ) -> None:
     """Explain where an LLM inference server's GPU memory went (see COMMAND --help)."""
 
 
-def build(only: Optional[str] = None) -> typer.Typer:
+def command_function(name: str) -> Callable[..., Any]:
+    """The function that runs the command of that name (its module imported now)."""
+    module, func = next(where for n, where, _ in COMMANDS if n == name).split(":")
+    return getattr(importlib.import_module("agent.cli." + module), func)  # type: ignore[no-any-return]
+
+
+def typed(func: Callable[..., Any], call: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
+    """``func`` as typer reads a command: the same parameters, each declared with typer's own Option or
+    Argument made from its Param; running it calls ``call`` (default ``func``) with typer's values."""
+    import inspect
+    import typing
+
+    import typer
+
+    hints = typing.get_type_hints(func, include_extras=True)
+    annotations: Dict[str, Any] = {}
+    params = []
+    for p in inspect.signature(func).parameters.values():
+        hint = hints[p.name]
+        param = next(m for m in hint.__metadata__ if isinstance(m, Param))
+        made = (typer.Option if param.kind == "option" else typer.Argument)(*param.decls, **dict(param.settings))
+        annotations[p.name] = Annotated[hint.__origin__, made]
+        params.append(p.replace(annotation=annotations[p.name]))
+    target = func if call is None else call
+
+    def command(**kwargs: Any) -> Any:
+        return target(**kwargs)
+
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(command, attr, getattr(func, attr))
+    command.__annotations__ = annotations
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return command
+
+
+def build(only: Optional[str] = None) -> "typer.Typer":
     """The app with every command, or with ``only`` that one (what ``main`` runs: one module imported)."""
     made = _new_app()
-    for name, where, short in COMMANDS:
+    for name, _, short in COMMANDS:
         if only is None or name == only:
-            module, func = where.split(":")
-            made.command(name, short_help=short)(getattr(importlib.import_module("agent.cli." + module), func))
+            made.command(name, short_help=short)(typed(command_function(name)))
     return made
 
 
@@ -130,10 +172,6 @@ def _readable_metavars(command) -> None:  # type: ignore[no-untyped-def]
         _readable_metavars(sub)
 
 
-_INT = re.compile(r"[+-]?[0-9]+\Z")
-_FLOAT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
-
-
 def _plain(annotation: Any, value: Any) -> Any:
     """What pydantic's lax mode makes of ``value`` for a plain type, or ``_PYDANTIC`` where unsure."""
     if annotation is bool:
@@ -143,14 +181,14 @@ def _plain(annotation: Any, value: Any) -> Any:
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        return int(value) if isinstance(value, str) and _INT.match(value) else _PYDANTIC
+        return int(value) if isinstance(value, str) and fastparse.INT_TEXT.match(value) else _PYDANTIC
     if annotation == List[str]:  # a variadic argument (inspect's HOST…): click hands a tuple of str
         return list(value) if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value) \
             else _PYDANTIC
     if annotation is float:
         if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
             return float(value)
-        return float(value) if isinstance(value, str) and _FLOAT.match(value) else _PYDANTIC
+        return float(value) if isinstance(value, str) and fastparse.FLOAT_TEXT.match(value) else _PYDANTIC
     return _PYDANTIC
 
 
@@ -208,19 +246,16 @@ def _fast_param(param: Any, build_runtime_param: Any) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point: run the app, map every outcome to a documented exit code."""
+    """Entry point: run the command, map every outcome to a documented exit code."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        command = typer.main.get_command(build(_chosen(args)))
-        _readable_metavars(command)
-        result = command.main(args=args, prog_name="kvforensics", standalone_mode=False)
-        return int(result) if isinstance(result, int) else exitcodes.EXIT_OK
+        return _run(args)
     except UsageProblem as exc:
         sys.stderr.write("kvforensics: error: {}\n".format(exc))
         return exitcodes.EXIT_USAGE
-    except typer.Exit as exc:
-        return int(exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
+    except ExitStatus as exc:
+        return exc.exit_code
+    except KeyboardInterrupt:
         return exitcodes.EXIT_INTERRUPTED
     except BrokenPipeError:
         return exitcodes.EXIT_OK
@@ -232,6 +267,34 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write("kvforensics: internal error: {}: {} (rerun with KVFORENSICS_DEBUG=1 for a "
                          "traceback, and please report it)\n".format(type(exc).__name__, exc))
         return exitcodes.EXIT_INTERNAL
+
+
+def _run(args: List[str]) -> int:
+    """The command's exit status: run directly when fastparse reads its command line, else through typer."""
+    name = _chosen(args)
+    if name is not None:
+        func = command_function(name)
+        kwargs = fastparse.parse(func, args[1:])
+        if kwargs is not None:
+            return _status(func(**kwargs))
+    return _with_typer(args, name)
+
+
+def _with_typer(args: List[str], name: Optional[str]) -> int:
+    import typer
+
+    try:
+        command = typer.main.get_command(build(name))
+        _readable_metavars(command)
+        return _status(command.main(args=args, prog_name="kvforensics", standalone_mode=False))
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        return exitcodes.EXIT_INTERRUPTED
+
+
+def _status(result: Any) -> int:
+    return int(result) if isinstance(result, int) else exitcodes.EXIT_OK
 
 
 def _usage_error(exc: Exception) -> int:

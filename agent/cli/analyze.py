@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-import typer
-
 from agent.cli.options import (
     FAIL_ON,
     MARGIN_GIB,
@@ -28,11 +26,12 @@ from agent.cli.options import (
     terminal_width,
     use_color,
 )
+from agent.cli.params import Argument, Option
 
 
 def analyze(
-    log: Annotated[str, typer.Argument(help="The engine's log: a file, a .gz file, or - for stdin.",
-                                       show_default=False)],
+    log: Annotated[str, Argument(help="The engine's log: a file, a .gz file, or - for stdin.",
+                                 show_default=False)],
     startup: Startup = -1,
     model_config: ModelConfig = None,
     fmt: ReportFormat = None,
@@ -40,14 +39,14 @@ def analyze(
     fail_on: FailOn = FAIL_ON,
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
-    exact_lines: Annotated[bool, typer.Option("--exact-lines",
-                                              help="Count line numbers even in huge logs (reads the whole "
-                                                   "file).")] = False,
+    exact_lines: Annotated[bool, Option("--exact-lines",
+                                        help="Count line numbers even in huge logs (reads the whole "
+                                             "file).")] = False,
     color: Color = None,
     detail: Detail = False,
-    engine_kind: Annotated[str, typer.Option("--engine-kind",
-                                             help="Whose log it is: auto (from its line shapes) or an "
-                                                  "engine's name (an unknown name lists them).")] = "auto",
+    engine_kind: Annotated[str, Option("--engine-kind",
+                                       help="Whose log it is: auto (from its line shapes) or an "
+                                            "engine's name (an unknown name lists them).")] = "auto",
 ) -> None:
     """Explain an inference server's GPU memory from its startup log, offline."""
     from dataclasses import replace

@@ -6,27 +6,26 @@ import os
 import sys
 from typing import Annotated, Optional
 
-import typer
-
 from agent.cli.options import UsageProblem
+from agent.cli.params import Argument, Option
 
 
 def deploy_files(
-    folder: Annotated[Optional[str], typer.Argument(help="Write the files into this folder.", metavar="DIR",
-                                                    show_default=False)] = None,
-    show: Annotated[bool, typer.Option("--print", help="Print the files instead of writing them.")] = False,
-    binary: Annotated[Optional[str], typer.Option("--bin", metavar="PATH",
-                                                  help="The kvforensics command the units and cron line run "
-                                                       "(default: this installation's).")] = None,
-    textfile_dir: Annotated[Optional[str], typer.Option("--textfile-dir", metavar="DIR",
-                                                        help="node_exporter's --collector.textfile.directory "
-                                                             "(default: the running node_exporter's, else its "
-                                                             "package's: /var/lib/prometheus/node-exporter on "
-                                                             "Debian and Ubuntu, /var/lib/node_exporter/"
-                                                             "textfile_collector elsewhere).")] = None,
-    image: Annotated[Optional[str], typer.Option("--image", metavar="REF",
-                                                 help="The image kubernetes/daemonset.yaml runs, as pushed to your "
-                                                      "registry (default kvforensics:VERSION).")] = None,
+    folder: Annotated[Optional[str], Argument(help="Write the files into this folder.", metavar="DIR",
+                                              show_default=False)] = None,
+    show: Annotated[bool, Option("--print", help="Print the files instead of writing them.")] = False,
+    binary: Annotated[Optional[str], Option("--bin", metavar="PATH",
+                                            help="The kvforensics command the units and cron line run "
+                                                 "(default: this installation's).")] = None,
+    textfile_dir: Annotated[Optional[str], Option("--textfile-dir", metavar="DIR",
+                                                  help="node_exporter's --collector.textfile.directory "
+                                                       "(default: the running node_exporter's, else its "
+                                                       "package's: /var/lib/prometheus/node-exporter on "
+                                                       "Debian and Ubuntu, /var/lib/node_exporter/"
+                                                       "textfile_collector elsewhere).")] = None,
+    image: Annotated[Optional[str], Option("--image", metavar="REF",
+                                           help="The image kubernetes/daemonset.yaml runs, as pushed to your "
+                                                "registry (default kvforensics:VERSION).")] = None,
 ) -> None:
     """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, the
     Kubernetes DaemonSet of serve (kubernetes/) and the Grafana dashboard (grafana/)."""
@@ -56,7 +55,7 @@ def deploy_files(
 
 
 def schema(
-    name: Annotated[str, typer.Argument(help="report, snapshot or history.", metavar="NAME", show_default=False)],
+    name: Annotated[str, Argument(help="report, snapshot or history.", metavar="NAME", show_default=False)],
 ) -> None:
     """Print a published JSON Schema: report (kvforensics.report/1), snapshot or history."""
     import json

@@ -5,15 +5,14 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-import typer
-
 from agent.cli.options import Color, Db, UsageProblem, terminal_width, use_color
+from agent.cli.params import Option
 
 
 def history_cmd(
     db: Db = None,
-    since: Annotated[str, typer.Option("--since", help="Window: 7d, 12h, 90m, 2w.")] = "7d",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema kvforensics.history/1).")] = False,
+    since: Annotated[str, Option("--since", help="Window: 7d, 12h, 90m, 2w.")] = "7d",
+    as_json: Annotated[bool, Option("--json", help="Print JSON (schema kvforensics.history/1).")] = False,
     color: Color = None,
 ) -> None:
     """Show recorded history: per GPU and rank the low-water free memory, peak KV usage, a plot."""

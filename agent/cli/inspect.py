@@ -12,8 +12,6 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple
 
-import typer
-
 import agent.cli.exitcodes as exitcodes
 from agent.cli.options import (
     FAIL_ON,
@@ -42,6 +40,7 @@ from agent.cli.options import (
     terminal_width,
     use_color,
 )
+from agent.cli.params import Argument, ExitStatus, Option
 from agent.model.evidence import Collected
 from agent.model.live import Inspection, TargetFailure, TargetResult
 
@@ -63,13 +62,13 @@ Early = Dict[int, Tuple[Dict[str, Any], Result]]
 
 def inspect(
     targets: Annotated[Optional[List[str]],
-                       typer.Argument(help="Hosts: user@host[:port] or ssh config aliases; pods: "
-                                           "k8s:NAMESPACE/POD[/CONTAINER] (through kubectl); none or 'local' = "
-                                           "this machine.",
-                                      show_default=False)] = None,
-    hosts_file: Annotated[Optional[str], typer.Option("--hosts-file",
-                                                      help="Read targets from a file: one per line, '#' "
-                                                           "comments.")] = None,
+                       Argument(help="Hosts: user@host[:port] or ssh config aliases; pods: "
+                                     "k8s:NAMESPACE/POD[/CONTAINER] (through kubectl); none or 'local' = "
+                                     "this machine.",
+                                show_default=False)] = None,
+    hosts_file: Annotated[Optional[str], Option("--hosts-file",
+                                                help="Read targets from a file: one per line, '#' "
+                                                     "comments.")] = None,
     fmt: ReportFormat = None,
     as_json: ReportJson = False,
     detail: DetailHosts = False,
@@ -80,35 +79,35 @@ def inspect(
     log: Log = None,
     startup: Startup = -1,
     model_config: ModelConfig = None,
-    save: Annotated[Optional[str], typer.Option("--save",
-                                                help="Also write everything collected to this JSON evidence bundle "
-                                                     "(one target).")] = None,
-    from_file: Annotated[Optional[str], typer.Option("--from",
-                                                     help="Analyse an evidence bundle written by --save, or the "
-                                                          "probe's own output (KVF-PROBE …), instead of a "
-                                                          "host.")] = None,
+    save: Annotated[Optional[str], Option("--save",
+                                          help="Also write everything collected to this JSON evidence bundle "
+                                               "(one target).")] = None,
+    from_file: Annotated[Optional[str], Option("--from",
+                                               help="Analyse an evidence bundle written by --save, or the "
+                                                    "probe's own output (KVF-PROBE …), instead of a "
+                                                    "host.")] = None,
     http: Http = True,
-    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config",
-                                                      help="OpenSSH client config to use (default "
-                                                           "~/.ssh/config).")] = None,
-    accept_new_host_keys: Annotated[bool, typer.Option("--accept-new-host-keys",
-                                                       help="Record unknown hosts' keys (like StrictHostKeyChecking "
-                                                            "accept-new); changed keys are always refused.")] = False,
-    parallel: Annotated[int, typer.Option("--parallel", help="Hosts inspected at once.")] = 16,
+    ssh_config: Annotated[Optional[str], Option("--ssh-config",
+                                                help="OpenSSH client config to use (default "
+                                                     "~/.ssh/config).")] = None,
+    accept_new_host_keys: Annotated[bool, Option("--accept-new-host-keys",
+                                                 help="Record unknown hosts' keys (like StrictHostKeyChecking "
+                                                      "accept-new); changed keys are always refused.")] = False,
+    parallel: Annotated[int, Option("--parallel", help="Hosts inspected at once.")] = 16,
     db: Db = None,
     engine: Engine = None,
-    identity: Annotated[Optional[str], typer.Option("--identity", "-i",
-                                                    help="A private key to try first for every host (like ssh "
-                                                         "-i).")] = None,
-    sort: Annotated[Optional[str], typer.Option("--sort", help="Order the targets: unused (most unused memory "
-                                                              "first), host, or status (failures first).")] = None,
-    timeout: Annotated[float, typer.Option("--timeout",
-                                           help="Deadline per host, in seconds (connect, authenticate, "
-                                                "probe): more than 0, at most 86400.")] = 30.0,
+    identity: Annotated[Optional[str], Option("--identity", "-i",
+                                              help="A private key to try first for every host (like ssh "
+                                                   "-i).")] = None,
+    sort: Annotated[Optional[str], Option("--sort", help="Order the targets: unused (most unused memory "
+                                                        "first), host, or status (failures first).")] = None,
+    timeout: Annotated[float, Option("--timeout",
+                                     help="Deadline per host, in seconds (connect, authenticate, "
+                                          "probe): more than 0, at most 86400.")] = 30.0,
     color: Color = None,
-    context: Annotated[Optional[str], typer.Option("--context", metavar="CONTEXT",
-                                                   help="The kubeconfig context for k8s: targets (kubectl "
-                                                        "--context).")] = None,
+    context: Annotated[Optional[str], Option("--context", metavar="CONTEXT",
+                                             help="The kubeconfig context for k8s: targets (kubectl "
+                                                  "--context).")] = None,
 ) -> None:
     """Inspect nodes live: NVML, host RAM, engine processes and their logs, reconciled (local or over SSH)."""
     settings = _validate(
@@ -123,7 +122,7 @@ def inspect(
     _render(settings, results)
     code = _exit_code(settings, results)
     if code != exitcodes.EXIT_OK:
-        raise typer.Exit(code)
+        raise ExitStatus(code)
 
 
 @dataclass(frozen=True)

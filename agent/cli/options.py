@@ -16,9 +16,8 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Annotated, List, Optional
 
-import typer
-
 import agent.cli.exitcodes as exitcodes
+from agent.cli.params import ExitStatus, Option
 
 if TYPE_CHECKING:
     from agent.model.records import Options
@@ -32,46 +31,46 @@ REQUEST_TOKENS = 8192
 FAIL_ON = "warning"
 
 # The analysis: analyze, inspect and record.
-Margin = Annotated[str, typer.Option("--margin", metavar="SIZE",
-                                     help="Memory to keep free for runtime activations when sizing recommendations: "
-                                          "2GiB, 512MiB, 1.5 (GiB when no unit).")]
-RequestTokens = Annotated[int, typer.Option("--request-tokens",
-                                            help="Tokens per request (prompt + output) for concurrency estimates.")]
-ModelConfig = Annotated[Optional[str], typer.Option("--model-config",
-                                                    help="config.json or the model directory, to compute bytes per "
-                                                         "token from the architecture (live: default from "
-                                                         "--model-path).")]
-Startup = Annotated[int, typer.Option("--startup",
-                                      help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
+Margin = Annotated[str, Option("--margin", metavar="SIZE",
+                               help="Memory to keep free for runtime activations when sizing recommendations: "
+                                    "2GiB, 512MiB, 1.5 (GiB when no unit).")]
+RequestTokens = Annotated[int, Option("--request-tokens",
+                                      help="Tokens per request (prompt + output) for concurrency estimates.")]
+ModelConfig = Annotated[Optional[str], Option("--model-config",
+                                              help="config.json or the model directory, to compute bytes per "
+                                                   "token from the architecture (live: default from "
+                                                   "--model-path).")]
+Startup = Annotated[int, Option("--startup",
+                                help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
 
 # The report: analyze and inspect.
 FORMATS = ("terminal", "json", "markdown", "oneline")
-ReportFormat = Annotated[Optional[str], typer.Option("--format",
-                                                     help="terminal (default), json (schema kvforensics.report/1), "
-                                                          "markdown (for tickets and chat) or oneline (one "
-                                                          "tab-separated line per target, for grep and sort).")]
-ReportJson = Annotated[bool, typer.Option("--json", help="Print the JSON report: the same as --format json.")]
-FailOn = Annotated[str, typer.Option("--fail-on",
-                                     help="Exit 1 when a finding is at least this severe: info, warning, error, "
-                                          "critical, never.")]
-Color = Annotated[Optional[bool], typer.Option("--color/--no-color",
-                                               help="Force colour on or off (default: on for a terminal).")]
+ReportFormat = Annotated[Optional[str], Option("--format",
+                                               help="terminal (default), json (schema kvforensics.report/1), "
+                                                    "markdown (for tickets and chat) or oneline (one "
+                                                    "tab-separated line per target, for grep and sort).")]
+ReportJson = Annotated[bool, Option("--json", help="Print the JSON report: the same as --format json.")]
+FailOn = Annotated[str, Option("--fail-on",
+                               help="Exit 1 when a finding is at least this severe: info, warning, error, "
+                                    "critical, never.")]
+Color = Annotated[Optional[bool], Option("--color/--no-color",
+                                         help="Force colour on or off (default: on for a terminal).")]
 DETAIL_HELP = ("The full report: the ledger per rank, sources, per-worker tables, bars, each finding in full, "
                "footnotes (default: the answer on one screen).")
-Detail = Annotated[bool, typer.Option("--detail", "-v", help=DETAIL_HELP)]
+Detail = Annotated[bool, Option("--detail", "-v", help=DETAIL_HELP)]
 # inspect's: the same, and what it does to a fleet
-DetailHosts = Annotated[bool, typer.Option("--detail", "-v", help=DETAIL_HELP + " With several hosts: each host's "
-                                                                                "full report after the summary.")]
+DetailHosts = Annotated[bool, Option("--detail", "-v", help=DETAIL_HELP + " With several hosts: each host's "
+                                                                          "full report after the summary.")]
 
 # Collecting from a node: inspect, record and watch.
-NvmlLib = Annotated[Optional[str], typer.Option("--nvml-lib",
-                                                help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this "
-                                                     "path (on the inspected host).")]
-Http = Annotated[bool, typer.Option("--http/--no-http",
-                                    help="Ask the engine's loopback HTTP API for live metrics (KV usage, load).")]
-Log = Annotated[Optional[str], typer.Option("--log",
-                                            help="The engine's log: PATH, journal:UNIT, docker:NAME, podman:NAME or "
-                                                 "k8s:NAMESPACE/POD[/CONTAINER] (default: found from the process).")]
+NvmlLib = Annotated[Optional[str], Option("--nvml-lib",
+                                          help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this "
+                                               "path (on the inspected host).")]
+Http = Annotated[bool, Option("--http/--no-http",
+                              help="Ask the engine's loopback HTTP API for live metrics (KV usage, load).")]
+Log = Annotated[Optional[str], Option("--log",
+                                      help="The engine's log: PATH, journal:UNIT, docker:NAME, podman:NAME or "
+                                           "k8s:NAMESPACE/POD[/CONTAINER] (default: found from the process).")]
 
 
 def _engine_port(value: Optional[int]) -> Optional[int]:
@@ -82,24 +81,24 @@ def _engine_port(value: Optional[int]) -> Optional[int]:
     return value
 
 
-Engine = Annotated[Optional[int], typer.Option("--engine", callback=_engine_port,
-                                               help="Port of the inference server to explain when a node runs "
-                                                    "several (default: the one holding most GPU memory).")]
+Engine = Annotated[Optional[int], Option("--engine", callback=_engine_port,
+                                         help="Port of the inference server to explain when a node runs "
+                                              "several (default: the one holding most GPU memory).")]
 # record and serve: every engine on the node unless one is asked for.
-EngineFilter = Annotated[Optional[int], typer.Option("--engine", callback=_engine_port,
-                                                     help="Record only the inference server on this port (default: "
-                                                          "every engine on the node, each with its own run and "
-                                                          "series).")]
-NodeSeriesOption = Annotated[Optional[bool], typer.Option(
+EngineFilter = Annotated[Optional[int], Option("--engine", callback=_engine_port,
+                                               help="Record only the inference server on this port (default: "
+                                                    "every engine on the node, each with its own run and "
+                                                    "series).")]
+NodeSeriesOption = Annotated[Optional[bool], Option(
     "--node-series/--no-node-series",
     help="Export the node's own series (GPU and host memory, the node's collectors and findings, last success) "
          "besides the engines' (default: yes, but not with --engine: one writer per node exports them).")]
 
 # The history database: record writes it, inspect, history and watch read it.
-Db = Annotated[Optional[str], typer.Option("--db",
-                                           help="History database (default $KVFORENSICS_DB, "
-                                                "/var/lib/kvforensics/history.db as root, else "
-                                                "~/.local/state/kvforensics/history.db).")]
+Db = Annotated[Optional[str], Option("--db",
+                                     help="History database (default $KVFORENSICS_DB, "
+                                          "/var/lib/kvforensics/history.db as root, else "
+                                          "~/.local/state/kvforensics/history.db).")]
 
 
 class UsageProblem(Exception):
@@ -175,7 +174,7 @@ def exit_for_findings(level: Optional[int], findings: "List[object]") -> None:
     """Exit 1 when a finding is at least as severe as --fail-on."""
     code = findings_exit_code(level, findings)
     if code != exitcodes.EXIT_OK:
-        raise typer.Exit(code)
+        raise ExitStatus(code)
 
 
 def use_color(color: Optional[bool]) -> bool:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-import typer
-
 from agent.cli.options import UsageProblem
+from agent.cli.params import Option
 
 
 def probe(
-    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the probe script.")],
+    output: Annotated[str, Option("--output", "-o", help="Where to write the probe script.")],
 ) -> None:
     """Write the probe script that `inspect HOST` sends on stdin to `python3 -I -`, for review or a manual run."""
     from agent.remote import probe as probe_mod

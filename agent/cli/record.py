@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
-import typer
-
 import agent.cli.exitcodes as exitcodes
 from agent.cli.options import (
     MARGIN_GIB,
@@ -24,6 +22,7 @@ from agent.cli.options import (
     analysis_options,
     check_log_spec,
 )
+from agent.cli.params import ExitStatus, Option
 
 if TYPE_CHECKING:
     from agent.history.record import RecordResult
@@ -31,19 +30,19 @@ if TYPE_CHECKING:
 
 def record(
     db: Db = None,
-    prom_file: Annotated[Optional[str], typer.Option("--prom-file",
-                                                     help="Write a Prometheus textfile here (atomically), for "
-                                                          "node_exporter's textfile collector.")] = None,
-    create_textfile_dir: Annotated[bool, typer.Option("--create-textfile-dir",
-                                                      help="Create --prom-file's directory when it is missing "
-                                                           "(by default a missing one is an error: node_exporter "
-                                                           "reads its own directory, and a new one nothing "
-                                                           "reads).")] = False,
-    samples: Annotated[int, typer.Option("--samples", help="Snapshots to take in this run.")] = 1,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between snapshots.")] = 10.0,
-    keep: Annotated[Optional[str], typer.Option("--keep",
-                                                help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps "
-                                                     "all.")] = "30d",
+    prom_file: Annotated[Optional[str], Option("--prom-file",
+                                               help="Write a Prometheus textfile here (atomically), for "
+                                                    "node_exporter's textfile collector.")] = None,
+    create_textfile_dir: Annotated[bool, Option("--create-textfile-dir",
+                                                help="Create --prom-file's directory when it is missing "
+                                                     "(by default a missing one is an error: node_exporter "
+                                                     "reads its own directory, and a new one nothing "
+                                                     "reads).")] = False,
+    samples: Annotated[int, Option("--samples", help="Snapshots to take in this run.")] = 1,
+    interval: Annotated[float, Option("--interval", help="Seconds between snapshots.")] = 10.0,
+    keep: Annotated[Optional[str], Option("--keep",
+                                          help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps "
+                                               "all.")] = "30d",
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
     nvml_lib: NvmlLib = None,
@@ -52,7 +51,7 @@ def record(
     http: Http = True,
     engine: EngineFilter = None,
     node_series: NodeSeriesOption = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
+    quiet: Annotated[bool, Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd.
     Every engine on the node is recorded (--engine PORT: one)."""
@@ -102,7 +101,7 @@ def _report(result: "RecordResult", path: str, prom_file: Optional[str], quiet: 
         why = "; ".join(p.message for p in result.inspection.problems[:3]) or "no GPU, no engine, no host memory"
         sys.stderr.write("kvforensics: record collected nothing on this node ({}); the sample says so and "
                          "last_success is not updated\n".format(why))
-        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
+        raise ExitStatus(exitcodes.EXIT_COLLECTION_FAILED)
     if not quiet:
         _say_runs(result, path, prom_file)
     nvml = result.inspection.snapshot.nvml
@@ -110,7 +109,7 @@ def _report(result: "RecordResult", path: str, prom_file: Optional[str], quiet: 
         why = "; ".join(p.message for p in nvml.problems) or "NVML reports no GPU"
         sys.stderr.write("kvforensics: record sampled no GPU ({}): the samples hold host memory and engine "
                          "processes only\n".format(why))
-        raise typer.Exit(exitcodes.EXIT_COLLECTION_FAILED)
+        raise ExitStatus(exitcodes.EXIT_COLLECTION_FAILED)
 
 
 def _say_runs(result: "RecordResult", path: str, prom_file: Optional[str]) -> None:

@@ -7,8 +7,6 @@ import sys
 import threading
 from typing import Annotated, Optional
 
-import typer
-
 from agent.cli.options import (
     MARGIN_GIB,
     REQUEST_TOKENS,
@@ -25,22 +23,23 @@ from agent.cli.options import (
     analysis_options,
     check_log_spec,
 )
+from agent.cli.params import Option
 
 DEFAULT_LISTEN = "127.0.0.1:9842"
 MAX_INTERVAL_S = 86400.0
 
 
 def serve(
-    listen: Annotated[str, typer.Option("--listen", help="ADDR:PORT to listen on; every interface only when written "
-                                                         "out (0.0.0.0:9842, [::]:9842). A socket passed by systemd "
-                                                         "socket activation takes its place.")] = DEFAULT_LISTEN,
-    min_interval: Annotated[str, typer.Option("--min-interval",
-                                              help="Sample at most this often (15s, 1m, or seconds; 0 samples on "
-                                                   "every scrape); scrapes in between get the last sample.")] = "15s",
+    listen: Annotated[str, Option("--listen", help="ADDR:PORT to listen on; every interface only when written "
+                                                   "out (0.0.0.0:9842, [::]:9842). A socket passed by systemd "
+                                                   "socket activation takes its place.")] = DEFAULT_LISTEN,
+    min_interval: Annotated[str, Option("--min-interval",
+                                        help="Sample at most this often (15s, 1m, or seconds; 0 samples on "
+                                             "every scrape); scrapes in between get the last sample.")] = "15s",
     db: Db = None,
-    keep: Annotated[Optional[str], typer.Option("--keep",
-                                                help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps "
-                                                     "all.")] = "30d",
+    keep: Annotated[Optional[str], Option("--keep",
+                                          help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps "
+                                               "all.")] = "30d",
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
     nvml_lib: NvmlLib = None,
