@@ -6,14 +6,14 @@ the same option callback)."""
 from __future__ import annotations
 
 import random
-from typing import Any, Dict, List, Tuple, Union
+from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
 
 import pytest
 
 from agent import cli
 from agent.cli import fastparse
 from agent.cli.options import UsageProblem
-from agent.cli.params import Param
+from agent.cli.params import Option, Param
 
 NAMES = [name for name, _, _ in cli.COMMANDS]
 
@@ -153,6 +153,32 @@ def test_fastparse_reads_the_common_command_lines(name: str, args: List[str]) ->
 ])
 def test_fastparse_leaves_the_rest_to_typer(name: str, args: List[str]) -> None:
     assert _fast(name, args) is None
+
+
+def _envvar(level: Annotated[str, Option("--level", envvar="KVF_LEVEL")] = "x") -> None:
+    """A parameter typer reads from the environment too."""
+
+
+def _bounded(count: Annotated[int, Option("--count", min=1)] = 1) -> None:
+    """A parameter typer checks against bounds."""
+
+
+def _context_callback(ctx: object, value: Optional[int]) -> Optional[int]:
+    return value
+
+
+def _ctx(engine: Annotated[Optional[int], Option("--engine", callback=_context_callback)] = None) -> None:
+    """A callback that wants typer's context."""
+
+
+def _plain_level(level: Annotated[str, Option("--level", help="The same, read here.")] = "x") -> None:
+    """The control: a parameter this parser reads."""
+
+
+@pytest.mark.parametrize("command", [_envvar, _bounded, _ctx])
+def test_declarations_it_does_not_read_are_left_to_typer(command) -> None:
+    assert fastparse.parse(command, []) is None
+    assert fastparse.parse(_plain_level, ["--level", "y"]) == {"level": "y"}
 
 
 def test_option_callbacks_run_on_both_paths() -> None:

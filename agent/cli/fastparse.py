@@ -30,6 +30,9 @@ FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\Z"
 
 _SCALARS = (str, int, float, bool)
 _MALFORMED = object()
+# What a declaration may say for this parser to read it: words for the help, and a callback of the value
+# alone. Anything else (an environment variable, bounds, a count, a file check...) is typer's to apply.
+_UNDERSTOOD = frozenset(("help", "metavar", "show_default", "callback"))
 
 # A declared option's token -> (parameter name, its type, the value a flag sets; None: it takes a value)
 Tokens = Dict[str, Tuple[str, type, Optional[bool]]]
@@ -77,6 +80,8 @@ def _declared(command: Callable[..., Any]) -> Optional[Tuple[List[Tuple[str, Par
         if base is None or len(declared) != 1 or declared[0].setting("is_eager"):
             return None
         param = declared[0]
+        if not _understood(param):
+            return None
         params.append((p.name, param, base, p.default))
         if param.kind == "option":
             if not param.decls or base is list:
@@ -95,6 +100,13 @@ def _declared(command: Callable[..., Any]) -> Optional[Tuple[List[Tuple[str, Par
     if list in arguments[:-1] or bool in arguments:
         return None
     return params, tokens
+
+
+def _understood(param: Param) -> bool:
+    if any(name not in _UNDERSTOOD for name, _ in param.settings):
+        return False
+    callback = param.setting("callback")
+    return callback is None or len(inspect.signature(callback).parameters) == 1
 
 
 def _base(annotation: Any) -> Optional[type]:
