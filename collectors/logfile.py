@@ -519,25 +519,28 @@ class _Blocks:
         self.f.seek(pos)
         return self.f.read(n)
 
-    def rfind(self, needle: Union[bytes, Tuple[bytes, ...]], end: Optional[int] = None) -> int:
-        """Offset of the last ``needle`` (or of the last of several) before ``end``, or -1; reads
+    def rfind(self, needle: Union[bytes, Tuple[bytes, ...]], end: Optional[int] = None, start: int = 0) -> int:
+        """Offset of the last ``needle`` (or of the last of several) that begins in [start, end), or -1; reads
         backwards block by block, so a needle near the end costs one block whatever the file size (the far
-        part: collectors/backsearch.py, a reader thread and, with more CPUs free, up to three more processes)."""
+        part: collectors/backsearch.py, a reader thread and, with more CPUs free, up to three more processes;
+        a search bounded by ``start`` reads its far part in one piece)."""
         pos = self.size if end is None else end
         needles = (needle,) if isinstance(needle, bytes) else needle
         overlap = max(len(n) for n in needles) - 1
-        if pos <= 0:
+        if pos <= start:
             return -1
         # Most searches end close by (a line's start, an anchor just before the end): a small read,
         # then a larger one, answer them without the reader thread and its buffers (~15 ms).
-        for span in (NEAR_BYTES, NEAR_BYTES * 16):
-            near = max(0, pos - span)
+        for span in (NEAR_BYTES, NEAR_BYTES * 16, None):
+            if span is None and start == 0:
+                return backsearch.last(self.f.fileno(), needles, pos, self.size, BLOCK_BYTES)
+            near = start if span is None else max(start, pos - span)
             piece = self.read(near, min(pos - near + overlap, self.size - near))
-            hits = [near + h for h in (piece.rfind(n) for n in needles) if h != -1]
-            if hits or near == 0:
+            hits = [near + h for h in (piece.rfind(n, 0, pos - near + len(n) - 1) for n in needles) if h != -1]
+            if hits or near == start:
                 return max(hits, default=-1)
             pos = near
-        return backsearch.last(self.f.fileno(), needles, pos, self.size, BLOCK_BYTES)
+        return -1
 
     def line_start(self, pos: int) -> int:
         if pos <= 0:
@@ -670,14 +673,13 @@ def _from_launch(src: _Blocks, anchor: int, plugin: EngineCollectors, engine: st
     if not plugin.launch_lines:
         return None
     low = max(0, anchor - FIRST_WINDOW_BYTES)
-    piece = src.read(low, anchor - low)  # the window itself: a bounded read, never a search to the file's top
-    hit = max(piece.rfind(n) for n in plugin.launch_lines)
+    hit = src.rfind(plugin.launch_lines, anchor, low)  # in the window only: never a search to the file's top
     if hit == -1:
         return None
-    newline = piece.rfind(b"\n", 0, hit)  # the line's start, from the bytes already read
+    newline = src.rfind(b"\n", hit, low)
     if newline == -1 and low > 0 and src.read(low - 1, 1) != b"\n":
         return None  # a line that began before the window (glued records): the window's own rules
-    start = low + newline + 1
+    start = low if newline == -1 else newline + 1
     base_line = _base_line(src, start, count_lines)
     seg, notes = _scan_window(src, start, anchor, base_line, keep=None, engine=engine)
     startups = seg.result()

@@ -7,6 +7,7 @@ import random
 
 from collectors import logfile
 from collectors.logfile import read_log
+from collectors.plugin import ENGINES
 from tests import logbuilder as lb
 
 ARGS = {"model_path": "/m", "mem_fraction_static": 0.85, "tp_size": 2, "page_size": 1, "speculative_algorithm": None}
@@ -81,10 +82,11 @@ def test_the_anchor_the_engine_sniff_found_is_not_searched_again(tmp_path, monke
     lb.write(log, lb.noise(2000), lb.startup(args=ARGS, tokens=3131), lb.noise(2000))
     searches = []
     real = logfile._Blocks.rfind
-    monkeypatch.setattr(logfile._Blocks, "rfind", lambda self, needle, end=None: searches.append(needle) or real(
-        self, needle, end))
+    monkeypatch.setattr(logfile._Blocks, "rfind", lambda self, needle, end=None, start=0: searches.append(needle) or
+                        real(self, needle, end, start))
     auto = read_log(str(log))
-    assert len([n for n in searches if n != b"\n"]) == 1  # the sniff's, over every engine's anchors
+    launch = ENGINES.get("sglang").launch_lines  # looked for in the window before the anchor: not an anchor search
+    assert len([n for n in searches if n not in (b"\n", launch)]) == 1  # the sniff's, over every engine's anchors
     named = read_log(str(log), engine="sglang")
     assert auto.engine == "sglang" and auto.window_start == named.window_start
     assert [(e.kind, e.offset) for e in auto.startup.events] == [(e.kind, e.offset) for e in named.startup.events]
@@ -116,3 +118,23 @@ def test_a_startup_near_the_end_is_read_from_its_launch_line(tmp_path, monkeypat
     assert full.window_start < ex.window_start
     assert [(e.kind, e.offset, e.data) for e in ex.startup.events] == [
         (e.kind, e.offset, e.data) for e in full.startup.events]
+
+
+def test_a_bounded_backward_search_stays_within_its_bounds(tmp_path):
+    """_Blocks.rfind finds the last needle that begins in [start, end): in its near reads, and in the one read
+    of the rest of a bounded range (no search past ``start``); a short needle never begins at ``end`` because
+    a longer one makes each read reach past it."""
+    far = 20 * logfile.NEAR_BYTES  # past both near reads
+    data = b"." * 10 + b"AB" + b"-" * far + b"AB" + b"=" * 100
+    first, second = 10, 12 + far
+    path = tmp_path / "bounded.log"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        src = logfile._Blocks(f, len(data))
+        assert src.rfind(b"AB") == second
+        assert src.rfind(b"AB", second) == first  # the far part, unbounded: collectors/backsearch.py
+        assert src.rfind(b"AB", second, first) == first  # the far part, bounded: one read
+        assert src.rfind(b"AB", second, first + 1) == -1
+        assert src.rfind((b"AB", b"LONG-NEEDLE"), second) == first
+        assert src.rfind((b"AB", b"LONG-NEEDLE"), second + 1) == second
+        assert src.rfind(b"AB", first, first) == -1
