@@ -77,29 +77,36 @@ def _declared(command: Callable[..., Any]) -> Optional[Tuple[List[Tuple[str, Par
         hint = hints.get(p.name)
         declared = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Param)]
         base = _base(typing.get_args(hint)[0]) if declared else None
-        if base is None or len(declared) != 1 or declared[0].setting("is_eager"):
+        if base is None or len(declared) != 1 or not _understood(declared[0]):
             return None
-        param = declared[0]
-        if not _understood(param):
-            return None
-        params.append((p.name, param, base, p.default))
-        if param.kind == "option":
-            if not param.decls or base is list:
+        params.append((p.name, declared[0], base, p.default))
+        if declared[0].kind == "option":
+            own = _option_tokens(p.name, declared[0], base)
+            if own is None:
                 return None
-            for decl in param.decls:
-                on, slash, off = decl.partition("/")
-                if base is bool:
-                    tokens[on] = (p.name, base, True)
-                    if slash:
-                        tokens[off] = (p.name, base, False)
-                elif slash:
-                    return None
-                else:
-                    tokens[decl] = (p.name, base, None)
+            tokens.update(own)
     arguments = [base for _, param, base, _ in params if param.kind == "argument"]
     if list in arguments[:-1] or bool in arguments:
         return None
     return params, tokens
+
+
+def _option_tokens(name: str, param: Param, base: type) -> Optional[Tokens]:
+    """An option's tokens: ``--flag`` (and ``--no-flag``) for a bool, each name for a value."""
+    if not param.decls or base is list:
+        return None
+    tokens: Tokens = {}
+    for decl in param.decls:
+        on, slash, off = decl.partition("/")
+        if base is bool:
+            tokens[on] = (name, base, True)
+            if slash:
+                tokens[off] = (name, base, False)
+        elif slash:
+            return None
+        else:
+            tokens[decl] = (name, base, None)
+    return tokens
 
 
 def _understood(param: Param) -> bool:
