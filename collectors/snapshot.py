@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from collectors import engines, host_memory, nvml, procfs
+from collectors import engines, host_memory, nvml, procfs, selection
 from collectors.plugin import for_bundle
 from collectors.redact import redact_argv
 
@@ -120,25 +120,34 @@ def _weights(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any]) ->
 
 
 def primary_engine(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any],
-                   port: Optional[int] = None) -> Optional[Dict[str, Any]]:
-    """The engine on ``port`` if given, else the one holding the most GPU memory (the one worth
-    explaining first on a node that runs several servers)."""
+                   selector: Optional[selection.EngineSelector] = None) -> Optional[Dict[str, Any]]:
+    """The one server ``selector`` names if given (None when it names none or several), else the engine
+    holding the most GPU memory (the one worth explaining first on a node that runs several servers)."""
     if not engine_list:
         return None
-    if port is not None:
-        return next((e for e in engine_list if e.get("server") and engine_port(e) == port), None)
+    if selector is not None:
+        named = _named(engine_list, selector)
+        return named[0] if len(named) == 1 else None
     weights = _weights(engine_list, nvml_section)
     return engine_list[weights.index(max(weights))]
 
 
+def _named(engine_list: List[Dict[str, Any]], selector: selection.EngineSelector) -> List[Dict[str, Any]]:
+    """The servers the selector names."""
+    return [e for e in engine_list if e.get("server") and selector.matches(e, engine_port(e))]
+
+
 def explained_engines(engine_list: List[Dict[str, Any]], nvml_section: Dict[str, Any],
-                      port: Optional[int] = None) -> List[Dict[str, Any]]:
-    """The engines one look at the node explains, the primary first: the one on ``port``; else every
-    engine holding GPU memory (NVML names its processes), most first; when NVML names none of them (no
-    NVML, or its PIDs are another PID namespace's), every one with a server process; at least the primary."""
-    primary = primary_engine(engine_list, nvml_section, port)
-    if port is not None or primary is None:
-        return [primary] if primary is not None else []
+                      selector: Optional[selection.EngineSelector] = None) -> List[Dict[str, Any]]:
+    """The engines one look at the node records: every server ``selector`` names (two pods may serve on one
+    port: a port records both); else every engine holding GPU memory (NVML names its processes), most first;
+    when NVML names none of them (no NVML, or its PIDs are another PID namespace's), every one with a server
+    process; at least the primary."""
+    if selector is not None:
+        return _named(engine_list, selector)
+    primary = primary_engine(engine_list, nvml_section)
+    if primary is None:
+        return []
     weights = _weights(engine_list, nvml_section)
     holding = [e for w, e in sorted(zip(weights, engine_list), key=lambda x: -x[0]) if w > 0]
     if not holding:
@@ -165,35 +174,51 @@ def _node(root: str, nvml_lib: Optional[str], strict: bool) -> Tuple[Dict[str, A
     return snap, runs
 
 
-def _port_not_found(snap: Dict[str, Any], engine: int) -> None:
+def _not_named(snap: Dict[str, Any], selector: selection.EngineSelector) -> None:
+    """The problem of an --engine that names no server, or several: which ones the node runs, as --engine
+    would name each."""
     engine_list = snap["engines"].get("engines", [])
-    snap["engines"].setdefault("problems", []).append({"code": "engines.port_not_found", "message": (
-        "no inference server on port {} (servers here: {})".format(engine, ", ".join(
-            str(engine_port(e)) for e in engine_list if e.get("server")) or "none"))})
+    servers = [e for e in engine_list if e.get("server")]
+    named = _named(engine_list, selector)
+    here = ", ".join(selection.describe(e, engine_port(e)) for e in servers) or "none"
+    if len(named) > 1:
+        problem = {"code": "engines.ambiguous", "message": "--engine {} names {} servers ({}): name one by its pod, "
+                   "NAMESPACE/POD[:PORT]".format(selector, len(named), ", ".join(
+                       selection.describe(e, engine_port(e)) for e in named))}
+    elif selector.pod is None:
+        problem = {"code": "engines.port_not_found", "message": "no inference server on port {} (servers here: "
+                   "{})".format(selector.port, here)}
+    else:
+        problem = {"code": "engines.not_found", "message": "no inference server in pod {}/{}{} (servers here: "
+                   "{})".format(selector.namespace, selector.pod, "" if selector.port is None else
+                                " on port {}".format(selector.port), here)}
+    snap["engines"].setdefault("problems", []).append(problem)
 
 
 def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None, startup: int = -1,
             model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
-            engine: Optional[int] = None) -> Dict[str, Any]:
-    """``engine``: the port of the server to explain (default: the one with most GPU memory)."""
+            engine: Optional[Union[str, int]] = None) -> Dict[str, Any]:
+    """``engine``: the --engine value naming the server to explain (default: the one with most GPU memory)."""
+    selector = selection.parse(engine) if engine is not None else None
     snap, runs = _node(root, nvml_lib, strict)
-    chosen = primary_engine(snap["engines"].get("engines", []), snap["nvml"], engine)
-    if engine is not None and chosen is None:
-        _port_not_found(snap, engine)
+    chosen = primary_engine(snap["engines"].get("engines", []), snap["nvml"], selector)
+    if selector is not None and chosen is None:
+        _not_named(snap, selector)
     return _explain(snap, runs, chosen, root, log, startup, model_config_path, http, strict)
 
 
 def collect_each(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] = None,
                  model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
-                 engine: Optional[int] = None) -> List[Dict[str, Any]]:
+                 engine: Optional[Union[str, int]] = None) -> List[Dict[str, Any]]:
     """One snapshot per engine the node runs (``explained_engines``; the primary first), sharing one look
     at the node's own sections; one explaining none when there is none. ``log`` and ``model_config_path``
     name the primary engine's: the others' are found from their processes."""
+    selector = selection.parse(engine) if engine is not None else None
     base, runs = _node(root, nvml_lib, strict)
-    chosen = explained_engines(base["engines"].get("engines", []), base["nvml"], engine)
+    chosen = explained_engines(base["engines"].get("engines", []), base["nvml"], selector)
     if not chosen:
-        if engine is not None:
-            _port_not_found(base, engine)
+        if selector is not None:
+            _not_named(base, selector)
         return [_explain(base, runs, None, root, log, -1, model_config_path, http, strict)]
     out = []
     for i, e in enumerate(chosen):

@@ -141,3 +141,37 @@ def test_two_pods_on_one_node_with_the_same_engine_and_port_do_not_collide(tmp_p
     lines = [x for x in text.splitlines() if x and not x.startswith("#")]
     assert len(lines) == len({x.rsplit(" ", 1)[0] for x in lines}) == len(_samples(text))
     assert set(_samples(text)) >= engine_series[0] | engine_series[1] | node_series[0]
+
+
+
+def test_engine_names_one_of_two_pods_serving_on_the_same_port(tmp_path):
+    """--engine NAMESPACE/POD:PORT explains that pod's server; a port both pods serve on names two servers and
+    inspect says so (never a guess); record --engine PORT records both. (The port is this test's own: another
+    copy of the suite runs its pods on its own.)"""
+    with Node(tmp_path) as node, decoy() as port:
+        a = node.add(Pod("team-a", "llama-0", "vllm", driver="systemd"))
+        b = node.add(Pod("team-b", "llama-0", "vllm", driver="cgroupfs"))
+        with PodVllmNode(tmp_path / "a", node, a, tp=2, port=port, metrics_text=METRICS.read_text()) as na, \
+                PodVllmNode(tmp_path / "b", node, b, tp=2, port=port, metrics_text=METRICS.read_text()) as nb:
+            scenario = tmp_path / "scenario.txt"
+            merge_scenarios([na, nb], scenario)
+            one = _kvf(node, scenario, "inspect", "--json", "--engine", "team-b/llama-0:{}".format(port), "--save",
+                       str(tmp_path / "one.json"))
+            two = _kvf(node, scenario, "inspect", "--json", "--engine", str(port))
+            _kvf(node, scenario, "record", "--db", str(tmp_path / "h.db"), "--prom-file", str(tmp_path / "k.prom"),
+                 "--engine", str(port), "--quiet")
+            b_pid = nb.engine_pid
+    chosen = json.loads(one.stdout)["targets"][0]
+    assert chosen["pod"]["namespace"] == "team-b" and chosen["status"] == "ok"
+    engines = json.loads((tmp_path / "one.json").read_text())["engines"]
+    assert engines["engines"][engines["selected"]]["server"]["pid"] == b_pid
+    target = json.loads(two.stdout)["targets"][0]
+    finding = next(f for f in target["findings"] if f["code"] == "engine_not_found")
+    names = ["team-a/llama-0:{}".format(port), "team-b/llama-0:{}".format(port)]
+    assert finding["title"] == "--engine names several servers"
+    assert all(n in finding["detail"] for n in names)
+    assert {"code": "engines.ambiguous", "message": "--engine {} names 2 servers ({}): name one by its pod, "
+            "NAMESPACE/POD[:PORT]".format(port, ", ".join(names))} in target["problems"]
+    pods = {dict(labels).get("namespace") for (name, labels) in _samples((tmp_path / "k.prom").read_text())
+            if name == "kvforensics_engine_kv_pool_tokens"}
+    assert pods == {"team-a", "team-b"}

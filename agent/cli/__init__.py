@@ -148,7 +148,7 @@ METAVARS = {
     "--hosts-file": "FILE", "--save": "FILE", "--from": "FILE", "--ssh-config": "FILE", "--db": "FILE",
     "--prom-file": "FILE", "--output": "FILE", "--identity": "FILE", "--nvml-lib": "PATH", "--model-config": "PATH",
     "--log": "SPEC", "--request-tokens": "N", "--startup": "N", "--parallel": "N", "--samples": "N", "--count": "N",
-    "--timeout": "SECONDS", "--interval": "SECONDS", "--engine": "PORT", "--fail-on": "SEVERITY",
+    "--timeout": "SECONDS", "--interval": "SECONDS", "--engine": "PORT|NS/POD", "--fail-on": "SEVERITY",
     "--format": "FORMAT", "--keep": "DURATION", "--listen": "ADDR:PORT", "--min-interval": "DURATION",
     "--since": "DURATION", "--sort": "KEY",
     "targets": "HOST…", "log": "LOG",

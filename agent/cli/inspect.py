@@ -138,7 +138,7 @@ class InspectSettings:
     startup: int
     model_config: Optional[str]
     http: bool
-    engine: Optional[int]
+    engine: Optional[str]  # --engine: a port or NAMESPACE/POD[:PORT] (collectors/selection.py)
     # How remote hosts are reached.
     ssh_config: Optional[str]
     accept_new_host_keys: bool
@@ -165,7 +165,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
               margin: float, request_tokens: int, nvml_lib: Optional[str], log: Optional[str], startup: int,
               model_config: Optional[str], save: Optional[str], from_file: Optional[str], http: bool,
               ssh_config: Optional[str], accept_new_host_keys: bool, parallel: int, db: Optional[str],
-              engine: Optional[int], timeout: float, color: Optional[bool], identity: Optional[str],
+              engine: Optional[str], timeout: float, color: Optional[bool], identity: Optional[str],
               sort: Optional[str], context: Optional[str] = None) -> InspectSettings:
     """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)

@@ -73,22 +73,28 @@ Log = Annotated[Optional[str], Option("--log",
                                            "k8s:NAMESPACE/POD[/CONTAINER] (default: found from the process).")]
 
 
-def _engine_port(value: Optional[int]) -> Optional[int]:
-    """--engine, checked as it is parsed (inspect and record share it): a port no server can listen on
+def _engine_selector(value: Optional[str]) -> Optional[str]:
+    """--engine, checked as it is parsed (inspect, record and serve share it): a value that can name no server
     would only select nothing, far from the typo."""
-    if value is not None and not 1 <= value <= 65535:
-        raise UsageProblem("--engine takes the server's port, 1–65535, not {}".format(value))
+    if value is not None:
+        from collectors.selection import SelectorError, parse
+
+        try:
+            parse(value)
+        except SelectorError as exc:
+            raise UsageProblem(str(exc)) from None
     return value
 
 
-Engine = Annotated[Optional[int], Option("--engine", callback=_engine_port,
-                                         help="Port of the inference server to explain when a node runs "
-                                              "several (default: the one holding most GPU memory).")]
+Engine = Annotated[Optional[str], Option("--engine", callback=_engine_selector,
+                                         help="The inference server to explain when a node runs several: its port, "
+                                              "or on Kubernetes its pod, NAMESPACE/POD[:PORT] (default: the one "
+                                              "holding most GPU memory).")]
 # record and serve: every engine on the node unless one is asked for.
-EngineFilter = Annotated[Optional[int], Option("--engine", callback=_engine_port,
-                                               help="Record only the inference server on this port (default: "
-                                                    "every engine on the node, each with its own run and "
-                                                    "series).")]
+EngineFilter = Annotated[Optional[str], Option("--engine", callback=_engine_selector,
+                                               help="Record only the inference servers this names: a port (every "
+                                                    "pod's server on it), or NAMESPACE/POD[:PORT] (default: every "
+                                                    "engine on the node, each with its own run and series).")]
 NodeSeriesOption = Annotated[Optional[bool], Option(
     "--node-series/--no-node-series",
     help="Export the node's own series (GPU and host memory, the node's collectors and findings, last success) "

@@ -54,7 +54,7 @@ def record(
     quiet: Annotated[bool, Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd.
-    Every engine on the node is recorded (--engine PORT: one)."""
+    Every engine on the node is recorded (--engine: those it names)."""
     from agent.history import record as record_mod
     from agent.history import store as history
     from reports import textfile
@@ -74,7 +74,7 @@ def record(
         history.claim(path)  # a path that is not our history is refused before the lock is made beside it
         with history.Lock(path):
             result = record_mod.record(path, collect, opts, samples, interval, keep_s, target=local_target(),
-                                       port=engine)
+                                       engine=engine)
     except history.Busy as exc:
         sys.stderr.write("kvforensics: {}\n".format(exc))
         return
@@ -146,7 +146,7 @@ def local_target() -> str:
 
 
 def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optional[str], http: bool,
-              engine: Optional[int]) -> Callable[[], List[Dict[str, Any]]]:
+              engine: Optional[str]) -> Callable[[], List[Dict[str, Any]]]:
     """One look at this node per call: a snapshot per engine (--engine: that one), with the collection
     options of record and serve (made here: typed without a schema check, evidence.Collected)."""
     from agent.model.evidence import Collected
@@ -160,7 +160,7 @@ def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optiona
     return collect
 
 
-def node_series_for(flag: Optional[bool], engine: Optional[int]) -> bool:
+def node_series_for(flag: Optional[bool], engine: Optional[str]) -> bool:
     """The node's own series are written unless --engine restricts this writer to one engine (a node
     whose engines are recorded apart has one writer of the node's series: --node-series there)."""
     return flag if flag is not None else engine is None

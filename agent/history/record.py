@@ -22,6 +22,7 @@ from agent.model.live import Inspection, Owner
 from agent.model.reconcile import inspect_snapshot, with_history
 from agent.model.records import Options
 from agent.plugin import ENGINES
+from collectors import selection
 from collectors.snapshot import engine_kind, selected_engine
 
 # An engine recorded within this window and not found now is "gone" (kvforensics_engine_up 0): long
@@ -120,13 +121,14 @@ def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
 
 def record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, samples: int = 1,
            interval_s: float = 0.0, keep_s: Optional[float] = None, target: str = "local",
-           port: Optional[int] = None) -> RecordResult:
+           engine: Optional[str] = None) -> RecordResult:
     """Take ``samples`` looks (``collect``: one snapshot per engine) into the history. The caller holds
-    ``history.Lock``. ``port``: the one engine asked for (--engine), whose gone runs alone count. A history
+    ``history.Lock``. ``engine``: the --engine asked for, whose engines' gone runs alone count. A history
     that cannot be written (disk full, a read-only file) is a HistoryError, one sentence; a path that is not
     our history is history.Refused and left untouched; our own damaged history is moved aside."""
     try:
-        return _record(db_path, collect, opts, samples, interval_s, keep_s, target, port)
+        return _record(db_path, collect, opts, samples, interval_s, keep_s, target,
+                       selection.parse(engine) if engine is not None else None)
     except sqlite3.OperationalError as exc:
         raise history.HistoryError("{}: cannot write the history: {} (a full disk or a read-only file? "
                                    "--db PATH chooses another)".format(db_path, exc)) from None
@@ -135,7 +137,8 @@ def record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Opti
 
 
 def _record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, samples: int,
-            interval_s: float, keep_s: Optional[float], target: str, port: Optional[int]) -> RecordResult:
+            interval_s: float, keep_s: Optional[float], target: str,
+            selector: Optional[selection.EngineSelector]) -> RecordResult:
     first = collect()  # its engine runs' rows are read before anything is written (open_db)
     opened = history.open_db(db_path, run_keys=[run_key(s) for s in first],
                              startup_keys=[run_key(s) for s in first if wants_kept_startup(s)])
@@ -150,7 +153,7 @@ def _record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Opt
         keep = [rid for _, rid in looked]
         pruned = history.prune(conn, time.time() - keep_s, keep_runs=keep) if keep_s else 0
         engines = tuple(_with_history(conn, insp, rid, target, opts, run_min) for insp, rid in looked)
-        return RecordResult(engines=engines, gone=_gone(conn, engines, port, time.time()),
+        return RecordResult(engines=engines, gone=_gone(conn, engines, selector, time.time()),
                             last_success=history.last_success(conn), samples_written=samples, pruned=pruned,
                             moved_aside=opened.moved_aside)
     finally:
@@ -245,21 +248,26 @@ def _with_history(conn: sqlite3.Connection, insp: Inspection, run_id: int, targe
     return EngineRecord(inspection=insp, stats=stats, run_min=run_min)
 
 
-def _gone(conn: sqlite3.Connection, engines: Sequence[EngineRecord], port: Optional[int],
+def _gone(conn: sqlite3.Connection, engines: Sequence[EngineRecord], selector: Optional[selection.EngineSelector],
           now: float) -> Tuple[history.RecentRun, ...]:
     """Engines recorded within GONE_WINDOW_S that no engine found now stands for (same labels), one per
-    labels, the last seen. A pod's engine replaced by a pod of the same namespace, container and engine
-    that started after it was last seen (a rolling update) is not gone."""
+    labels, the last seen; with --engine, only those it names. A pod's engine replaced by a pod of the same
+    namespace, container and engine that started after it was last seen (a rolling update) is not gone."""
     current = {e.stats.run_key for e in engines}
     found = {engine_labels(e.inspection) for e in engines}
     gone: Dict[Labels, history.RecentRun] = {}
     for r in history.recent_runs(conn, now - GONE_WINDOW_S):
         labels = (("engine", r.engine),) + r.pod
-        if r.run_key in current or labels in found or (port is not None and r.port != port):
+        if r.run_key in current or labels in found or (selector is not None and not selector.names(r.port, _pod(r))):
             continue
         if not any(_replaces(e, r) for e in engines):
             gone[labels] = r  # ordered by last_seen: the last one seen wins
     return tuple(gone.values())
+
+
+def _pod(r: history.RecentRun) -> Optional[Tuple[str, str]]:
+    pod = dict(r.pod)
+    return (pod["namespace"], pod["pod"]) if "namespace" in pod and "pod" in pod else None
 
 
 def _replaces(e: EngineRecord, r: history.RecentRun) -> bool:

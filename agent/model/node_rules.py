@@ -271,17 +271,7 @@ def gpu_lost(ctx: "Context") -> Iterator[Finding]:
 
 def engine_not_found(ctx: "Context") -> Iterator[Finding]:
     if ctx.live is not None and ctx.live.engine is None and ctx.live.snapshot.engines:
-        ports = sorted({e.port for e in ctx.live.snapshot.engines if e.server is not None})
-        yield Finding(
-            code="engine_not_found",
-            severity="warning",
-            title="No server on the port asked for (--engine)",
-            detail="This node runs {} server(s), on port(s) {}: pass one of them to --engine.".format(
-                len(ports), ", ".join(map(str, ports)) or "none visible"
-            ),
-            evidence=("/proc/*/cmdline",),
-            action="pass --engine {}".format(ports[0]) if ports else "",
-        )
+        yield _not_named(ctx.live.snapshot)
     elif ctx.live is not None and ctx.live.engine is None:
         engines = ENGINES.all()
         yield Finding(
@@ -291,6 +281,34 @@ def engine_not_found(ctx: "Context") -> Iterator[Finding]:
             detail="Looked for {} command lines in /proc.".format(_and(h for e in engines for h in e.process_hint)),
             evidence=("/proc/*/cmdline",),
         )
+
+
+def _selector(e: Any) -> str:
+    """The --engine value that names this server on its node: its pod and port in a pod, else its port."""
+    return "{}/{}:{}".format(e.pod.namespace, e.pod.name, e.port) if e.pod is not None else str(e.port)
+
+
+def _not_named(snap: Any) -> Finding:
+    """--engine named no server on this node, or several (pods on one node may serve on the same port)."""
+    servers = sorted((e for e in snap.engines if e.server is not None),
+                     key=lambda e: ("" if e.pod is None else e.pod.namespace + "/" + e.pod.name, e.port))
+    names = list(dict.fromkeys(_selector(e) for e in servers))
+    problems = {p.code: p.message for p in snap.problems}
+    if "engines.ambiguous" in problems:
+        return Finding(code="engine_not_found", severity="warning", title="--engine names several servers",
+                       detail="{}. Pods on one node may run the same engine on the same port, each in its own "
+                              "network namespace.".format(problems["engines.ambiguous"]),
+                       evidence=("/proc/*/cmdline", "/proc/*/cgroup"),
+                       action="pass --engine {}".format(names[0]) if names else "")
+    if "engines.not_found" in problems:
+        return Finding(code="engine_not_found", severity="warning", title="No server in the pod asked for (--engine)",
+                       detail="{}: pass one of them to --engine.".format(problems["engines.not_found"]),
+                       evidence=("/proc/*/cmdline", "/proc/*/cgroup"),
+                       action="pass --engine {}".format(names[0]) if names else "")
+    return Finding(code="engine_not_found", severity="warning", title="No server on the port asked for (--engine)",
+                   detail="This node runs {} server(s), on port(s) {}: pass one of them to --engine.".format(
+                       len(names), ", ".join(names) or "none visible"),
+                   evidence=("/proc/*/cmdline",), action="pass --engine {}".format(names[0]) if names else "")
 
 
 def _and(items: Iterable[str]) -> str:
