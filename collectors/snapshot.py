@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
-from collectors import engines, host_memory, nvml, procfs, selection
+from collectors import engines, host_memory, nvml, procfs
 from collectors.plugin import for_bundle
 from collectors.redact import redact_argv
+
+if TYPE_CHECKING:  # parsed only when --engine is given (collectors/selection.py): every probe pays an import
+    from collectors import selection
 
 SCHEMA = "kvforensics.snapshot/1"
 
@@ -174,9 +177,19 @@ def _node(root: str, nvml_lib: Optional[str], strict: bool) -> Tuple[Dict[str, A
     return snap, runs
 
 
+def _selector(engine: Optional[Union[str, int]]) -> Optional[selection.EngineSelector]:
+    if engine is None:
+        return None
+    from collectors import selection
+
+    return selection.parse(engine)
+
+
 def _not_named(snap: Dict[str, Any], selector: selection.EngineSelector) -> None:
     """The problem of an --engine that names no server, or several: which ones the node runs, as --engine
     would name each."""
+    from collectors import selection
+
     engine_list = snap["engines"].get("engines", [])
     servers = [e for e in engine_list if e.get("server")]
     named = _named(engine_list, selector)
@@ -199,7 +212,7 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
             model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
             engine: Optional[Union[str, int]] = None) -> Dict[str, Any]:
     """``engine``: the --engine value naming the server to explain (default: the one with most GPU memory)."""
-    selector = selection.parse(engine) if engine is not None else None
+    selector = _selector(engine)
     snap, runs = _node(root, nvml_lib, strict)
     chosen = primary_engine(snap["engines"].get("engines", []), snap["nvml"], selector)
     if selector is not None and chosen is None:
@@ -213,7 +226,7 @@ def collect_each(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[
     """One snapshot per engine the node runs (``explained_engines``; the primary first), sharing one look
     at the node's own sections; one explaining none when there is none. ``log`` and ``model_config_path``
     name the primary engine's: the others' are found from their processes."""
-    selector = selection.parse(engine) if engine is not None else None
+    selector = _selector(engine)
     base, runs = _node(root, nvml_lib, strict)
     chosen = explained_engines(base["engines"].get("engines", []), base["nvml"], selector)
     if not chosen:

@@ -66,7 +66,8 @@ def _heavy(modules: set, heavy=HEAVY) -> list:
 # `record` from cron (bench/bench_record.py, 2026-12-01): sqlite3 (the history) and prometheus_client (the
 # textfile) are its job; it checks a startup its history keeps only when its log no longer holds one, so a run
 # whose log does costs no jsonschema; nothing of SSH, kubectl or rendering.
-RECORD_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "prometheus_client", "agent.cli.record"))
+RECORD_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "prometheus_client", "agent.cli.record")) + (
+    "collectors.selection",)  # --engine's parser: a record of every engine has nothing to parse
 # Local `inspect --json`: sqlite3 reads the history record keeps; remote targets' modules only with remote targets
 # (agent.remote.targets, which names them, is light), a renderer only for its format.
 INSPECT_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "agent.cli.inspect", "agent.remote")) + (
@@ -199,7 +200,7 @@ def test_lazy_rows_read_as_the_tuple_they_name():
 # (and the subprocess and tempfile of its ctypes.util) only where a driver library loads. An engine's log and
 # HTTP readers bring their own.
 PROBE_HEAVY = ("zipfile", "shutil", "pathlib", "urllib", "socket", "platform", "email", "http", "ssl", "pynvml",
-               "subprocess", "tempfile")
+               "subprocess", "tempfile", "collectors.selection")
 
 
 @needs_own_pids

@@ -15,15 +15,17 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.history import store as history
 from agent.model.live import Inspection, Owner
 from agent.model.reconcile import inspect_snapshot, with_history
 from agent.model.records import Options
 from agent.plugin import ENGINES
-from collectors import selection
 from collectors.snapshot import engine_kind, selected_engine
+
+if TYPE_CHECKING:
+    from collectors import selection
 
 # An engine recorded within this window and not found now is "gone" (kvforensics_engine_up 0): long
 # enough for an alert's `for:` at a 5-minute cron, short enough that a stopped engine stops counting.
@@ -127,13 +129,20 @@ def record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Opti
     that cannot be written (disk full, a read-only file) is a HistoryError, one sentence; a path that is not
     our history is history.Refused and left untouched; our own damaged history is moved aside."""
     try:
-        return _record(db_path, collect, opts, samples, interval_s, keep_s, target,
-                       selection.parse(engine) if engine is not None else None)
+        return _record(db_path, collect, opts, samples, interval_s, keep_s, target, _selector(engine))
     except sqlite3.OperationalError as exc:
         raise history.HistoryError("{}: cannot write the history: {} (a full disk or a read-only file? "
                                    "--db PATH chooses another)".format(db_path, exc)) from None
     except history.Corrupt as exc:  # found while writing, past every check: the next run's open moves it aside
         raise exc.at(db_path) from None
+
+
+def _selector(engine: Optional[str]) -> Optional[selection.EngineSelector]:
+    if engine is None:
+        return None
+    from collectors import selection  # only with --engine: a cron's record of every engine never imports it
+
+    return selection.parse(engine)
 
 
 def _record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, samples: int,
