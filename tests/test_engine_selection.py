@@ -94,3 +94,10 @@ def test_the_command_line_refuses_it_in_one_line(command, capsys) -> None:
     err = capsys.readouterr().err
     assert err == "kvforensics: error: --engine takes a port (8000), NAMESPACE/POD or NAMESPACE/POD:PORT, not " \
                   "'Team/x'\n"
+
+
+def test_a_pod_selector_with_a_k8s_target_is_refused(capsys) -> None:
+    """Inside a pod reached through kubectl no kubelet layout names the processes: NAMESPACE/POD would name
+    nothing there, and the target already names the pod."""
+    assert main(["inspect", "k8s:team-a/llama-0", "--engine", "team-a/llama-0"]) == 2
+    assert "a k8s: target is one pod already" in capsys.readouterr().err

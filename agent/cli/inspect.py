@@ -183,6 +183,9 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     check_log_spec(log)
     _check_context(context)
     names = _target_names(targets, hosts_file)
+    if engine is not None and "/" in engine and any(n.startswith("k8s:") for n in names):
+        raise UsageProblem("--engine {} chooses among a node's pods; a k8s: target is one pod already (inside it no "
+                           "pod names its processes): give the server's port".format(engine))
     if from_file is not None and names:
         raise UsageProblem("--from reads a bundle; do not also name hosts")
     if save is not None and len(names) > 1:
