@@ -165,6 +165,9 @@ def test_engine_names_one_of_two_pods_serving_on_the_same_port(tmp_path):
     assert chosen["pod"]["namespace"] == "team-b" and chosen["status"] == "ok"
     engines = json.loads((tmp_path / "one.json").read_text())["engines"]
     assert engines["engines"][engines["selected"]]["server"]["pid"] == b_pid
+    other = next(f["detail"] for f in chosen["findings"] if f["code"] == "other_engines")
+    assert "vLLM on port {} in pod team-a/llama-0 (".format(port) in other
+    assert "Inspect another with --engine NAMESPACE/POD[:PORT], e.g. --engine " in other  # (the first other's)
     target = json.loads(two.stdout)["targets"][0]
     finding = next(f for f in target["findings"] if f["code"] == "engine_not_found")
     names = ["team-a/llama-0:{}".format(port), "team-b/llama-0:{}".format(port)]

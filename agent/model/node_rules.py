@@ -624,16 +624,20 @@ def other_engines(ctx: "Context") -> Iterator[Finding]:
         gpus = sorted({g.index for g in insp.gpus for p in g.processes if p.pid in pids})
         model = e.server_args.get("model_path") or e.server_args.get("model") or "?"
         parts.append(
-            "{} on port {} ({}, {} worker process(es), on GPU {})".format(
-                display(e.kind, e.kind), e.port, model, len(e.workers), ",".join(map(str, gpus)) or "none"
+            "{} on port {}{} ({}, {} worker process(es), on GPU {})".format(
+                display(e.kind, e.kind), e.port, "" if e.pod is None else " in pod {}/{}".format(
+                    e.pod.namespace, e.pod.name), model, len(e.workers), ",".join(map(str, gpus)) or "none"
             )
         )
+    # In pods, a port may be every pod's: the pod names one (collectors/selection.py).
+    how = "PORT" if all(e.pod is None for e in servers) else "NAMESPACE/POD[:PORT], e.g. --engine {}".format(
+        _selector(servers[0]))
     yield Finding(
         code="other_engines",
         severity="info",
         title="{} more inference server(s) on this node".format(len(servers)),
-        detail="Explained here: {}. Also running: {}. Inspect another with --engine PORT.".format(
-            insp.engine or "none", "; ".join(parts)
+        detail="Explained here: {}. Also running: {}. Inspect another with --engine {}.".format(
+            insp.engine or "none", "; ".join(parts), how
         ),
         evidence=("/proc/*/cmdline",),
     )
