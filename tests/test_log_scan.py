@@ -124,7 +124,7 @@ def test_a_bounded_backward_search_stays_within_its_bounds(tmp_path):
     """_Blocks.rfind finds the last needle that begins in [start, end): in its near reads, and in the one read
     of the rest of a bounded range (no search past ``start``); a short needle never begins at ``end`` because
     a longer one makes each read reach past it."""
-    far = 20 * logfile.NEAR_BYTES  # past both near reads
+    far = 24 * logfile.NEAR_BYTES  # past the near reads (1 + 4 + 16 of them)
     data = b"." * 10 + b"AB" + b"-" * far + b"AB" + b"=" * 100
     first, second = 10, 12 + far
     path = tmp_path / "bounded.log"
