@@ -144,6 +144,27 @@ def test_a_vllm_node_over_ssh(env, tmp_path):
     assert "sk-do-not-print" not in json.dumps(t)
 
 
+def test_engine_chooses_over_ssh_too(env, tmp_path):
+    """--engine travels to the probe as text and is parsed there: a port names the vLLM node's server, a pod
+    names nothing on a node without pods, and the report says which servers the node runs."""
+    build_fake_nvml()
+    with FakeVllmNode(tmp_path / "vllm", tp=2) as node:
+        folder = tmp_path / "vdriver"
+        folder.mkdir()
+        shutil.copy(str(FAKE_LIB), str(folder / "libnvidia-ml.so.1"))
+        shutil.copy(str(node.scenario), str(folder / "scenario.txt"))
+        os.chmod(folder, 0o755)
+        lib = str(folder / "libnvidia-ml.so.1")
+        _, (chosen,), _ = _run(env, "node", "--nvml-lib", lib, "--engine", str(node.port), expect=1)
+        _, (none,), _ = _run(env, "node", "--nvml-lib", lib, "--engine", "team-a/llama-0:{}".format(node.port),
+                             expect=1)
+    assert chosen["status"] == "ok" and chosen["engine"]["name"] == "vllm"
+    assert [g["rank"] for g in chosen["gpus"]] == ["Worker_TP0", "Worker_TP1"]
+    missing = next(f for f in none["findings"] if f["code"] == "engine_not_found")
+    assert missing["title"] == "No server in the pod asked for (--engine)"
+    assert "no inference server in pod team-a/llama-0 on port {}".format(node.port) in missing["detail"]
+
+
 def test_same_report_as_on_the_node(env, remote_lib, fake_node, monkeypatch):
     _, (remote,), _ = _run(env, "node", "--nvml-lib", str(remote_lib))
     monkeypatch.setenv("FAKE_NVML_SCENARIO", str(fake_node.scenario))
