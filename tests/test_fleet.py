@@ -152,6 +152,34 @@ def test_a_gone_engine_is_down_for_an_hour_and_its_series_stop(two, tmp_path):
     assert not _of(_series(prom.read_text()), "kvforensics_engine_up", engine=two.vllm_label)
 
 
+def test_gone_after_holds_a_gone_engine_down_longer(two, tmp_path):
+    """--gone-after 1d: the engine that died two hours ago is still down (the alert holds until someone looks);
+    three days later it leaves. Longer than --keep, or not a duration: one line, exit 2, nothing recorded."""
+    db, prom = tmp_path / "h.db", tmp_path / "kvforensics.prom"
+    assert _record(db, prom)[0] == 0
+    two.stop_vllm()
+
+    def age(seconds: int) -> None:
+        conn = sqlite3.connect(str(db))
+        with conn:
+            conn.execute("UPDATE runs SET first_seen = first_seen - ?, last_seen = last_seen - ? WHERE engine = ?",
+                         (seconds, seconds, two.vllm_label))
+        conn.close()
+
+    age(7200)
+    code, out, err = _record(db, prom, "--gone-after", "1d")
+    assert code == 0 and "gone: {}".format(two.vllm_label) in out, err
+    assert list(_of(_series(prom.read_text()), "kvforensics_engine_up", engine=two.vllm_label).values()) == [0]
+    age(3 * 86400)
+    assert _record(db, prom, "--gone-after", "1d")[0] == 0
+    assert not _of(_series(prom.read_text()), "kvforensics_engine_up", engine=two.vllm_label)
+    for bad, words in ((["--gone-after", "40d"], "--gone-after 40d is longer than --keep"),
+                       (["--gone-after", "soon"], "--gone-after: durations look like")):
+        code, _, err = _record(tmp_path / "other.db", prom, *bad)
+        assert code == 2 and words in err and err.count("\n") == 1
+        assert not (tmp_path / "other.db").exists()
+
+
 def test_a_restarted_engine_is_up_in_a_new_run(tmp_path, monkeypatch):
     """The same engine on the same port restarted: a new run, up, with fresh low-water marks; nothing gone."""
     from tests.fakenode import FakeNode, build_fake_nvml

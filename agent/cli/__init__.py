@@ -150,7 +150,7 @@ METAVARS = {
     "--log": "SPEC", "--request-tokens": "N", "--startup": "N", "--parallel": "N", "--samples": "N", "--count": "N",
     "--timeout": "SECONDS", "--interval": "SECONDS", "--engine": "PORT|NS/POD", "--fail-on": "SEVERITY",
     "--format": "FORMAT", "--keep": "DURATION", "--listen": "ADDR:PORT", "--min-interval": "DURATION",
-    "--since": "DURATION", "--sort": "KEY",
+    "--since": "DURATION", "--sort": "KEY", "--gone-after": "DURATION",
     "targets": "HOST…", "log": "LOG",
 }
 

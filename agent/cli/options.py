@@ -95,6 +95,11 @@ EngineFilter = Annotated[Optional[str], Option("--engine", callback=_engine_sele
                                                help="Record only the inference servers this names: a port (every "
                                                     "pod's server on it), or NAMESPACE/POD[:PORT] (default: every "
                                                     "engine on the node, each with its own run and series).")]
+GONE_AFTER = "1h"
+GoneAfter = Annotated[str, Option("--gone-after",
+                                  help="How long an engine recorded and no longer found stays down "
+                                       "(kvforensics_engine_up 0, the KvforensicsEngineDown alert) before its "
+                                       "series leave: 1h, 24h, 7d; at most --keep.")]
 NodeSeriesOption = Annotated[Optional[bool], Option(
     "--node-series/--no-node-series",
     help="Export the node's own series (GPU and host memory, the node's collectors and findings, last success) "

@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
 import agent.cli.exitcodes as exitcodes
 from agent.cli.options import (
+    GONE_AFTER,
     MARGIN_GIB,
     REQUEST_TOKENS,
     Db,
     EngineFilter,
+    GoneAfter,
     Http,
     Log,
     Margin,
@@ -51,6 +53,7 @@ def record(
     http: Http = True,
     engine: EngineFilter = None,
     node_series: NodeSeriesOption = None,
+    gone_after: GoneAfter = GONE_AFTER,
     quiet: Annotated[bool, Option("--quiet", "-q", help="Print nothing on success (for cron).")] = False,
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd.
@@ -62,6 +65,7 @@ def record(
     if not 1 <= samples <= 10000 or not 0 <= interval <= 86400:  # also NaN and infinity
         raise UsageProblem("--samples must be 1–10000 and --interval 0–86400 seconds")
     keep_s = keep_seconds(keep)
+    gone_s = gone_seconds(gone_after, keep_s)
     check_log_spec(log)
     if prom_file:
         _check_folder(prom_file, create_textfile_dir)  # before sampling: a cron run of 100 s ends in one line
@@ -74,7 +78,7 @@ def record(
         history.claim(path)  # a path that is not our history is refused before the lock is made beside it
         with history.Lock(path):
             result = record_mod.record(path, collect, opts, samples, interval, keep_s, target=local_target(),
-                                       engine=engine)
+                                       engine=engine, gone_after_s=gone_s)
     except history.Busy as exc:
         sys.stderr.write("kvforensics: {}\n".format(exc))
         return
@@ -137,6 +141,20 @@ def keep_seconds(keep: Optional[str]) -> Optional[float]:
         return history.parse_duration(keep)
     except ValueError as exc:
         raise UsageProblem("--keep: {}".format(exc)) from None
+
+
+def gone_seconds(gone_after: str, keep_s: Optional[float]) -> float:
+    """--gone-after, checked: seconds, no longer than --keep (the history forgets a run then)."""
+    from agent.history import store as history
+
+    try:
+        gone_s = history.parse_duration(gone_after)
+    except ValueError as exc:
+        raise UsageProblem("--gone-after: {}".format(exc)) from None
+    if keep_s is not None and gone_s > keep_s:
+        raise UsageProblem("--gone-after {} is longer than --keep: the history forgets an engine's runs "
+                           "sooner".format(gone_after))
+    return gone_s
 
 
 def local_target() -> str:

@@ -8,10 +8,12 @@ import threading
 from typing import Annotated, Optional
 
 from agent.cli.options import (
+    GONE_AFTER,
     MARGIN_GIB,
     REQUEST_TOKENS,
     Db,
     EngineFilter,
+    GoneAfter,
     Http,
     Log,
     Margin,
@@ -48,6 +50,7 @@ def serve(
     http: Http = True,
     engine: EngineFilter = None,
     node_series: NodeSeriesOption = None,
+    gone_after: GoneAfter = GONE_AFTER,
 ) -> None:
     """Serve /metrics (the metrics record writes, sampled on scrape into the same history) and /healthz."""
     from agent.cli import record as record_cli
@@ -57,6 +60,7 @@ def serve(
 
     interval_s = _interval(min_interval)
     keep_s = record_cli.keep_seconds(keep)
+    gone_s = record_cli.gone_seconds(gone_after, keep_s)
     check_log_spec(log)
     opts = analysis_options(margin, request_tokens)
     path = db or history.default_path()
@@ -65,7 +69,7 @@ def serve(
     node = record_cli.node_series_for(node_series, engine)
 
     def take() -> serving.Look:
-        result = serving.record_one(path, collect, opts, keep_s, target, engine)
+        result = serving.record_one(path, collect, opts, keep_s, target, engine, gone_s)
         if result.moved_aside:
             sys.stderr.write("kvforensics serve: the history file was not usable and was moved aside to {}; started "
                              "a new one at {}\n".format(result.moved_aside, path))

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from collectors import selection
 
 # An engine recorded within this window and not found now is "gone" (kvforensics_engine_up 0): long
-# enough for an alert's `for:` at a 5-minute cron, short enough that a stopped engine stops counting.
+# enough for an alert's `for:` at a 5-minute cron, short enough that a stopped engine stops counting
+# (--gone-after: an operator who wants the alert to hold until someone looks sets a day or a week).
 GONE_WINDOW_S = 3600.0
 
 Labels = Tuple[Tuple[str, str], ...]
@@ -123,13 +124,14 @@ def _engine_row(insp: Inspection) -> Optional[Dict[str, Any]]:
 
 def record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, samples: int = 1,
            interval_s: float = 0.0, keep_s: Optional[float] = None, target: str = "local",
-           engine: Optional[str] = None) -> RecordResult:
+           engine: Optional[str] = None, gone_after_s: float = GONE_WINDOW_S) -> RecordResult:
     """Take ``samples`` looks (``collect``: one snapshot per engine) into the history. The caller holds
-    ``history.Lock``. ``engine``: the --engine asked for, whose engines' gone runs alone count. A history
+    ``history.Lock``. ``engine``: the --engine asked for, whose engines' gone runs alone count; ``gone_after_s``:
+    how long an engine not found counts as gone (--gone-after). A history
     that cannot be written (disk full, a read-only file) is a HistoryError, one sentence; a path that is not
     our history is history.Refused and left untouched; our own damaged history is moved aside."""
     try:
-        return _record(db_path, collect, opts, samples, interval_s, keep_s, target, _selector(engine))
+        return _record(db_path, collect, opts, samples, interval_s, keep_s, target, _selector(engine), gone_after_s)
     except sqlite3.OperationalError as exc:
         raise history.HistoryError("{}: cannot write the history: {} (a full disk or a read-only file? "
                                    "--db PATH chooses another)".format(db_path, exc)) from None
@@ -147,7 +149,7 @@ def _selector(engine: Optional[str]) -> Optional[selection.EngineSelector]:
 
 def _record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, samples: int,
             interval_s: float, keep_s: Optional[float], target: str,
-            selector: Optional[selection.EngineSelector]) -> RecordResult:
+            selector: Optional[selection.EngineSelector], gone_after_s: float) -> RecordResult:
     first = collect()  # its engine runs' rows are read before anything is written (open_db)
     opened = history.open_db(db_path, run_keys=[run_key(s) for s in first],
                              startup_keys=[run_key(s) for s in first if wants_kept_startup(s)])
@@ -162,7 +164,7 @@ def _record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Opt
         keep = [rid for _, rid in looked]
         pruned = history.prune(conn, time.time() - keep_s, keep_runs=keep) if keep_s else 0
         engines = tuple(_with_history(conn, insp, rid, target, opts, run_min) for insp, rid in looked)
-        return RecordResult(engines=engines, gone=_gone(conn, engines, selector, time.time()),
+        return RecordResult(engines=engines, gone=_gone(conn, engines, selector, time.time(), gone_after_s),
                             last_success=history.last_success(conn), samples_written=samples, pruned=pruned,
                             moved_aside=opened.moved_aside)
     finally:
@@ -258,14 +260,14 @@ def _with_history(conn: sqlite3.Connection, insp: Inspection, run_id: int, targe
 
 
 def _gone(conn: sqlite3.Connection, engines: Sequence[EngineRecord], selector: Optional[selection.EngineSelector],
-          now: float) -> Tuple[history.RecentRun, ...]:
-    """Engines recorded within GONE_WINDOW_S that no engine found now stands for (same labels), one per
+          now: float, window_s: float = GONE_WINDOW_S) -> Tuple[history.RecentRun, ...]:
+    """Engines recorded within ``window_s`` that no engine found now stands for (same labels), one per
     labels, the last seen; with --engine, only those it names. A pod's engine replaced by a pod of the same
     namespace, container and engine that started after it was last seen (a rolling update) is not gone."""
     current = {e.stats.run_key for e in engines}
     found = {engine_labels(e.inspection) for e in engines}
     gone: Dict[Labels, history.RecentRun] = {}
-    for r in history.recent_runs(conn, now - GONE_WINDOW_S):
+    for r in history.recent_runs(conn, now - window_s):
         labels = (("engine", r.engine),) + r.pod
         if r.run_key in current or labels in found or (selector is not None and not selector.names(r.port, _pod(r))):
             continue

@@ -128,12 +128,13 @@ class Sampler:
 
 
 def record_one(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, keep_s: Optional[float],
-               target: str, engine: Optional[str] = None) -> record_mod.RecordResult:
+               target: str, engine: Optional[str] = None,
+               gone_after_s: float = record_mod.GONE_WINDOW_S) -> record_mod.RecordResult:
     """One ``record`` sample under the history's lock; the lock held elsewhere is a Skip, never a wait:
     a ``record --samples 6 --interval 20`` holds it for 100 s, longer than any scrape timeout."""
     try:
         with history.Lock(db_path):
-            return record_mod.record(db_path, collect, opts, 1, 0.0, keep_s, target, engine)
+            return record_mod.record(db_path, collect, opts, 1, 0.0, keep_s, target, engine, gone_after_s)
     except history.Busy:
         raise Skip("the history {} is locked by another kvforensics{}".format(db_path, _holder(db_path))) from None
 
