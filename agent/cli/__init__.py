@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
 from agent.cli import exitcodes, fastparse
 from agent.cli.options import UsageProblem
-from agent.cli.params import ExitStatus, Option, Param
+from agent.cli.params import ExitStatus, Option, declared
 
 if TYPE_CHECKING:
     import typer
@@ -91,18 +91,17 @@ def typed(func: Callable[..., Any], call: Optional[Callable[..., Any]] = None) -
     """``func`` as typer reads a command: the same parameters, each declared with typer's own Option or
     Argument made from its Param; running it calls ``call`` (default ``func``) with typer's values."""
     import inspect
-    import typing
 
     import typer
 
-    hints = typing.get_type_hints(func, include_extras=True)
     annotations: Dict[str, Any] = {}
     params = []
-    for p in inspect.signature(func).parameters.values():
-        hint = hints[p.name]
-        param = next(m for m in hint.__metadata__ if isinstance(m, Param))
+    for p, annotation, param in declared(func):
+        if param is None:
+            raise TypeError("{}: parameter {} is not declared with one Option or Argument".format(func.__name__,
+                                                                                                  p.name))
         made = (typer.Option if param.kind == "option" else typer.Argument)(*param.decls, **dict(param.settings))
-        annotations[p.name] = Annotated[hint.__origin__, made]
+        annotations[p.name] = Annotated[annotation, made]
         params.append(p.replace(annotation=annotations[p.name]))
     target = func if call is None else call
 

@@ -19,7 +19,7 @@ import re
 import typing
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from agent.cli.params import Param
+from agent.cli.params import Param, declared
 
 __all__ = ["FLOAT_TEXT", "INT_TEXT", "parse"]
 
@@ -68,20 +68,18 @@ def _declared(command: Callable[..., Any]) -> Optional[Tuple[List[Tuple[str, Par
     """Each parameter as (name, its Param, its base type, its default), and the option tokens; None when a
     parameter is of a kind this parser does not read."""
     try:
-        hints = typing.get_type_hints(command, include_extras=True)
+        found = declared(command)
     except Exception:  # noqa: BLE001 - an annotation that does not evaluate: typer will say why
         return None
     params: List[Tuple[str, Param, type, Any]] = []
     tokens: Tokens = {}
-    for p in inspect.signature(command).parameters.values():
-        hint = hints.get(p.name)
-        declared = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Param)]
-        base = _base(typing.get_args(hint)[0]) if declared else None
-        if base is None or len(declared) != 1 or not _understood(declared[0]):
+    for p, annotation, param in found:
+        base = _base(annotation) if param is not None else None
+        if param is None or base is None or not _understood(param):
             return None
-        params.append((p.name, declared[0], base, p.default))
-        if declared[0].kind == "option":
-            own = _option_tokens(p.name, declared[0], base)
+        params.append((p.name, param, base, p.default))
+        if param.kind == "option":
+            own = _option_tokens(p.name, param, base)
             if own is None:
                 return None
             tokens.update(own)

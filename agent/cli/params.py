@@ -11,10 +11,12 @@ A command that ends with a status other than 0 raises ``ExitStatus`` (typer's ``
 
 from __future__ import annotations
 
+import inspect
+import typing
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
-__all__ = ["Argument", "ExitStatus", "Option", "Param"]
+__all__ = ["Argument", "ExitStatus", "Option", "Param", "declared"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,18 @@ def Option(*decls: str, **settings: Any) -> Param:  # noqa: N802 - read as typer
 
 def Argument(**settings: Any) -> Param:  # noqa: N802 - read as typer's Argument
     return Param("argument", (), tuple(sorted(settings.items())))
+
+
+def declared(command: Callable[..., Any]) -> List[Tuple[inspect.Parameter, Any, Optional[Param]]]:
+    """Each parameter of a command: the parameter itself (name, default), its type (what ``Annotated`` wraps)
+    and the Param it is declared with (None: none, or more than one). What both readers of a command read."""
+    hints = typing.get_type_hints(command, include_extras=True)
+    out = []
+    for p in inspect.signature(command).parameters.values():
+        hint = hints.get(p.name)
+        found = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Param)]
+        out.append((p, typing.get_args(hint)[0] if found else hint, found[0] if len(found) == 1 else None))
+    return out
 
 
 class ExitStatus(Exception):
