@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["EngineSelector", "SelectorError", "parse", "pod_of", "describe"]
+__all__ = ["EngineSelector", "SelectorError", "parse", "pod_of", "describe", "text"]
 
 # Kubernetes' names: a namespace is a DNS-1123 label, a pod's name a DNS-1123 subdomain.
 _NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
@@ -44,10 +44,7 @@ class EngineSelector:
         return (self.port is None or port == self.port) and (self.pod is None or pod == (self.namespace, self.pod))
 
     def __str__(self) -> str:
-        where = "{}/{}".format(self.namespace, self.pod) if self.pod is not None else ""
-        if self.port is None:
-            return where
-        return "{}:{}".format(where, self.port) if where else str(self.port)
+        return text(self.port, (self.namespace, self.pod) if self.pod is not None else None)
 
 
 def parse(value: Union[str, int]) -> EngineSelector:
@@ -84,7 +81,15 @@ def pod_of(engine: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     return None
 
 
+def text(port: Optional[int], pod: Optional[Tuple[str, str]]) -> str:
+    """How --engine writes a port and a pod ((namespace, name)), either of them None: ``8000``,
+    ``team-a/llama-0``, ``team-a/llama-0:8000``."""
+    where = "{}/{}".format(*pod) if pod is not None else ""
+    if port is None:
+        return where
+    return "{}:{}".format(where, port) if where else str(port)
+
+
 def describe(engine: Dict[str, Any], port: int) -> str:
     """The --engine value that names this engine on its node: its pod and port in a pod, else its port."""
-    pod = pod_of(engine)
-    return "{}/{}:{}".format(pod[0], pod[1], port) if pod is not None else str(port)
+    return text(port, pod_of(engine))

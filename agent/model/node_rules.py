@@ -285,7 +285,9 @@ def engine_not_found(ctx: "Context") -> Iterator[Finding]:
 
 def _selector(e: Any) -> str:
     """The --engine value that names this server on its node: its pod and port in a pod, else its port."""
-    return "{}/{}:{}".format(e.pod.namespace, e.pod.name, e.port) if e.pod is not None else str(e.port)
+    from collectors import selection  # only where a server is to be named: most nodes' rules never need it
+
+    return selection.text(e.port, (e.pod.namespace, e.pod.name) if e.pod is not None else None)
 
 
 def _not_named(snap: Any) -> Finding:
