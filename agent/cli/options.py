@@ -95,6 +95,10 @@ EngineFilter = Annotated[Optional[str], Option("--engine", callback=_engine_sele
                                                help="Record only the inference servers this names: a port (every "
                                                     "pod's server on it), or NAMESPACE/POD[:PORT] (default: every "
                                                     "engine on the node, each with its own run and series).")]
+# What record and serve keep in the history, and how long a gone engine stays down in it.
+KEEP = "30d"
+Keep = Annotated[Optional[str], Option("--keep",
+                                       help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps all.")]
 GONE_AFTER = "1h"
 GoneAfter = Annotated[str, Option("--gone-after",
                                   help="How long an engine recorded and no longer found stays down "

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 import agent.cli.exitcodes as exitcodes
 from agent.cli.options import (
     GONE_AFTER,
+    KEEP,
     MARGIN_GIB,
     REQUEST_TOKENS,
     Db,
     EngineFilter,
     GoneAfter,
     Http,
+    Keep,
     Log,
     Margin,
     ModelConfig,
@@ -42,9 +44,7 @@ def record(
                                                      "reads).")] = False,
     samples: Annotated[int, Option("--samples", help="Snapshots to take in this run.")] = 1,
     interval: Annotated[float, Option("--interval", help="Seconds between snapshots.")] = 10.0,
-    keep: Annotated[Optional[str], Option("--keep",
-                                          help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps "
-                                               "all.")] = "30d",
+    keep: Keep = KEEP,
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
     nvml_lib: NvmlLib = None,

@@ -5,16 +5,18 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Annotated, Optional
+from typing import Annotated
 
 from agent.cli.options import (
     GONE_AFTER,
+    KEEP,
     MARGIN_GIB,
     REQUEST_TOKENS,
     Db,
     EngineFilter,
     GoneAfter,
     Http,
+    Keep,
     Log,
     Margin,
     ModelConfig,
@@ -39,9 +41,7 @@ def serve(
                                         help="Sample at most this often (15s, 1m, or seconds; 0 samples on "
                                              "every scrape); scrapes in between get the last sample.")] = "15s",
     db: Db = None,
-    keep: Annotated[Optional[str], Option("--keep",
-                                          help="Delete samples older than this (30d, 12h, 2w); 'forever' keeps "
-                                               "all.")] = "30d",
+    keep: Keep = KEEP,
     margin: Margin = MARGIN_GIB,
     request_tokens: RequestTokens = REQUEST_TOKENS,
     nvml_lib: NvmlLib = None,
