@@ -532,16 +532,21 @@ class _Blocks:
         # Most searches end close by (a line's start, an anchor just before the end): reads growing 4x each
         # time answer them without the reader thread and its buffers (~15 ms). 4x, not 16x at once: a needle just
         # past a read then costs at most ~5x the bytes before it (not ~17x), for one more read at worst.
-        for span in (NEAR_BYTES, NEAR_BYTES * 4, NEAR_BYTES * 16, None):
-            if span is None and start == 0:
-                return backsearch.last(self.f.fileno(), needles, pos, self.size, BLOCK_BYTES)
-            near = start if span is None else max(start, pos - span)
-            piece = self.read(near, min(pos - near + overlap, self.size - near))
-            hits = [near + h for h in (piece.rfind(n, 0, pos - near + len(n) - 1) for n in needles) if h != -1]
-            if hits or near == start:
-                return max(hits, default=-1)
+        for span in (NEAR_BYTES, NEAR_BYTES * 4, NEAR_BYTES * 16):
+            near = max(start, pos - span)
+            at = self._last_in(near, pos, needles, overlap)
+            if at != -1 or near == start:
+                return at
             pos = near
-        return -1
+        if start == 0:
+            return backsearch.last(self.f.fileno(), needles, pos, self.size, BLOCK_BYTES)
+        return self._last_in(start, pos, needles, overlap)  # a bounded search's far part: one read
+
+    def _last_in(self, near: int, pos: int, needles: Tuple[bytes, ...], overlap: int) -> int:
+        """The last needle that begins in [near, pos), from one read that reaches ``overlap`` bytes past ``pos``."""
+        piece = self.read(near, min(pos - near + overlap, self.size - near))
+        return max((near + h for h in (piece.rfind(n, 0, pos - near + len(n) - 1) for n in needles) if h != -1),
+                   default=-1)
 
     def line_start(self, pos: int) -> int:
         if pos <= 0:
