@@ -296,21 +296,20 @@ def _not_named(snap: Any) -> Finding:
                      key=lambda e: ("" if e.pod is None else e.pod.namespace + "/" + e.pod.name, e.port))
     names = list(dict.fromkeys(_selector(e) for e in servers))
     problems = {p.code: p.message for p in snap.problems}
+    action = "pass --engine {}".format(names[0]) if names else ""
     if "engines.ambiguous" in problems:
         return Finding(code="engine_not_found", severity="warning", title="--engine names several servers",
                        detail="{}. Pods on one node may run the same engine on the same port, each in its own "
                               "network namespace.".format(problems["engines.ambiguous"]),
-                       evidence=("/proc/*/cmdline", "/proc/*/cgroup"),
-                       action="pass --engine {}".format(names[0]) if names else "")
+                       evidence=("/proc/*/cmdline", "/proc/*/cgroup"), action=action)
     if "engines.not_found" in problems:
         return Finding(code="engine_not_found", severity="warning", title="No server in the pod asked for (--engine)",
                        detail="{}: pass one of them to --engine.".format(problems["engines.not_found"]),
-                       evidence=("/proc/*/cmdline", "/proc/*/cgroup"),
-                       action="pass --engine {}".format(names[0]) if names else "")
+                       evidence=("/proc/*/cmdline", "/proc/*/cgroup"), action=action)
     return Finding(code="engine_not_found", severity="warning", title="No server on the port asked for (--engine)",
                    detail="This node runs {} server(s), on port(s) {}: pass one of them to --engine.".format(
                        len(names), ", ".join(names) or "none visible"),
-                   evidence=("/proc/*/cmdline",), action="pass --engine {}".format(names[0]) if names else "")
+                   evidence=("/proc/*/cmdline",), action=action)
 
 
 def _and(items: Iterable[str]) -> str:
