@@ -15,12 +15,11 @@ import os
 import stat
 from typing import Any, Optional
 
+from agent.history.filekind import kind_of
+
 PREFIX = "kvforensics_"
 # What a textfile of ours can weigh: a few KB per engine and GPU. A bigger file is not one we wrote.
 MAX_OURS_BYTES = 4 << 20
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
 
 
 class Refused(Exception):
@@ -39,7 +38,7 @@ def claim(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(st.st_mode):
-        raise _refuse(path, "is " + next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file"))
+        raise _refuse(path, "is " + kind_of(st.st_mode))
     if st.st_size == 0:
         return
     if st.st_size > MAX_OURS_BYTES:

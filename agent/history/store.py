@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import quote
 
+from agent.history.filekind import kind_of
+
 APP_ID = 0x4B564653  # "KVFS" in PRAGMA application_id: tells our files from others
 SCHEMA_VERSION = 3
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -216,17 +218,11 @@ def _reading(fn: Callable[..., T]) -> Callable[..., T]:
 
 # --- whose file is it ----------------------------------------------------------------------
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def _left(path: str, what: str) -> Refused:
     return Refused("{} {}, not a kvforensics history; it was left as it is (--db PATH or KVFORENSICS_DB names the "
                    "history file)".format(path, what))
-
-
-def _kind_of(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def claim(path: str) -> str:
@@ -247,7 +243,7 @@ def claim(path: str) -> str:
         raise _left(path, "is a symlink to nothing") from None
     if not stat.S_ISREG(st.st_mode):
         raise _left(path, "is {}{}".format("a symlink to " if stat.S_ISLNK(link.st_mode) else "",
-                                           _kind_of(st.st_mode)))
+                                           kind_of(st.st_mode)))
     for suffix in SIBLINGS:
         _check_sibling(path + suffix)
     head = _head(path, st)
@@ -273,7 +269,7 @@ def _check_sibling(path: str) -> None:
     except OSError as exc:
         raise HistoryError("{}: {}".format(path, exc.strerror)) from None
     if not stat.S_ISREG(st.st_mode):
-        raise _left(path, "is {}".format("a symlink" if stat.S_ISLNK(st.st_mode) else _kind_of(st.st_mode)))
+        raise _left(path, "is {}".format("a symlink" if stat.S_ISLNK(st.st_mode) else kind_of(st.st_mode)))
 
 
 def _head(path: str, st: os.stat_result) -> bytes:
@@ -506,7 +502,7 @@ class Lock:
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(self.fd)
             self.fd = None
-            raise _left(self.path, "is {}".format(_kind_of(st.st_mode) if not stat.S_ISREG(st.st_mode)
+            raise _left(self.path, "is {}".format(kind_of(st.st_mode) if not stat.S_ISREG(st.st_mode)
                                                   else "a second name of another file"))
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
