@@ -183,7 +183,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     check_log_spec(log)
     _check_context(context)
     names = _target_names(targets, hosts_file)
-    if engine is not None and "/" in engine and any(n.startswith("k8s:") for n in names):
+    if engine is not None and any(n.startswith("k8s:") for n in names) and _names_a_pod(engine):
         raise UsageProblem("--engine {} chooses among a node's pods; a k8s: target is one pod already (inside it no "
                            "pod names its processes): give the server's port".format(engine))
     if from_file is not None and names:
@@ -217,6 +217,12 @@ def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> Li
     except ValueError as exc:
         raise UsageProblem(str(exc)) from None
     return expanded
+
+
+def _names_a_pod(engine: str) -> bool:
+    from collectors.selection import parse
+
+    return parse(engine).pod is not None
 
 
 def _check_pod(name: str) -> None:
