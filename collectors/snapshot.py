@@ -177,7 +177,8 @@ def _node(root: str, nvml_lib: Optional[str], strict: bool) -> Tuple[Dict[str, A
     return snap, runs
 
 
-def _selector(engine: Optional[Union[str, int]]) -> Optional[selection.EngineSelector]:
+def engine_selector(engine: Optional[Union[str, int]]) -> Optional[selection.EngineSelector]:
+    """The --engine value as a selector (None: not given), its parser imported only then."""
     if engine is None:
         return None
     from collectors import selection
@@ -212,7 +213,7 @@ def collect(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[str] 
             model_config_path: Optional[str] = None, http: bool = True, strict: bool = False,
             engine: Optional[Union[str, int]] = None) -> Dict[str, Any]:
     """``engine``: the --engine value naming the server to explain (default: the one with most GPU memory)."""
-    selector = _selector(engine)
+    selector = engine_selector(engine)
     snap, runs = _node(root, nvml_lib, strict)
     chosen = primary_engine(snap["engines"].get("engines", []), snap["nvml"], selector)
     if selector is not None and chosen is None:
@@ -226,7 +227,7 @@ def collect_each(root: str = "/", nvml_lib: Optional[str] = None, log: Optional[
     """One snapshot per engine the node runs (``explained_engines``; the primary first), sharing one look
     at the node's own sections; one explaining none when there is none. ``log`` and ``model_config_path``
     name the primary engine's: the others' are found from their processes."""
-    selector = _selector(engine)
+    selector = engine_selector(engine)
     base, runs = _node(root, nvml_lib, strict)
     chosen = explained_engines(base["engines"].get("engines", []), base["nvml"], selector)
     if not chosen:

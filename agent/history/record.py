@@ -22,7 +22,7 @@ from agent.model.live import Inspection, Owner
 from agent.model.reconcile import inspect_snapshot, with_history
 from agent.model.records import Options
 from agent.plugin import ENGINES
-from collectors.snapshot import engine_kind, selected_engine
+from collectors.snapshot import engine_kind, engine_selector, selected_engine
 
 if TYPE_CHECKING:
     from collectors import selection
@@ -131,20 +131,13 @@ def record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Opti
     that cannot be written (disk full, a read-only file) is a HistoryError, one sentence; a path that is not
     our history is history.Refused and left untouched; our own damaged history is moved aside."""
     try:
-        return _record(db_path, collect, opts, samples, interval_s, keep_s, target, _selector(engine), gone_after_s)
+        return _record(db_path, collect, opts, samples, interval_s, keep_s, target, engine_selector(engine),
+                       gone_after_s)
     except sqlite3.OperationalError as exc:
         raise history.HistoryError("{}: cannot write the history: {} (a full disk or a read-only file? "
                                    "--db PATH chooses another)".format(db_path, exc)) from None
     except history.Corrupt as exc:  # found while writing, past every check: the next run's open moves it aside
         raise exc.at(db_path) from None
-
-
-def _selector(engine: Optional[str]) -> Optional[selection.EngineSelector]:
-    if engine is None:
-        return None
-    from collectors import selection  # only with --engine: a cron's record of every engine never imports it
-
-    return selection.parse(engine)
 
 
 def _record(db_path: str, collect: Callable[[], List[Dict[str, Any]]], opts: Options, samples: int,
