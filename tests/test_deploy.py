@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
+# A fake host's binaries and settings are trusted only when root owns them, as on a real host.
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="root-owned fake binaries and settings need root")
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "agent", "collectors", "reports", "deploy")
 
 
@@ -125,10 +127,25 @@ def _fake_host(tmp_path, os_release=None, settings=None, procs=()):
     for rel, text in (settings or {}).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    for pid, argv in procs:
-        (root / "proc" / str(pid)).mkdir()
-        (root / "proc" / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    for pid, argv, *how in procs:
+        _fake_process(root, pid, argv, **(how[0] if how else {}))
     return str(root)
+
+
+def _fake_process(root, pid, argv, exe=None, uid=0):
+    """A /proc entry: its command line, its binary (by default a root-owned file named as argv[0] in the fake
+    host's /usr/bin) and its real uid."""
+    entry = root / "proc" / str(pid)
+    entry.mkdir()
+    (entry / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    if exe is None:
+        exe = root / "usr" / "bin" / os.path.basename(argv[0])
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_bytes(b"\x7fELF")
+        exe.chmod(0o755)
+    (entry / "exe").symlink_to(exe)
+    (entry / "status").write_text("Name:\t{}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n".format(
+        os.path.basename(argv[0])[:15], uid=uid))
 
 
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\n'
@@ -156,6 +173,7 @@ ROCKY = 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\n'
     (DEBIAN, None, [(5, ["node_exporter", "--collector.textfile.directory", "/a"]),
                     (9, ["node_exporter", "--collector.textfile.directory", "/b"])], "/a", "1 more run (PIDs 9)"),
 ])
+@AS_ROOT
 def test_the_textfile_directory_node_exporter_reads(tmp_path, os_release, settings, procs, want, why):
     from agent.cli import deploy_files as df
 
@@ -167,6 +185,7 @@ def test_the_textfile_directory_node_exporter_reads(tmp_path, os_release, settin
     (["/opt/node_exporter/node_exporter"], "reads no textfiles: it was started without"),
     (["prometheus-node-exporter", "--no-collector.textfile"], "has its textfile collector off"),
 ])
+@AS_ROOT
 def test_a_running_exporter_that_reads_no_textfile_is_said(tmp_path, argv, message):
     from agent.cli import deploy_files as df
 

@@ -30,12 +30,17 @@ def deploy_files(
     """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, the
     Kubernetes DaemonSet of serve (kubernetes/) and the Grafana dashboard (grafana/)."""
     from agent.cli import deploy_files as df
+    from agent.cli import deploy_values as dv
+    from agent.cli import trusted_paths as tp
 
     if (folder is None) == (not show):
         raise UsageProblem("name a folder to write the files into, or --print them")
     try:
         chosen = df.TextfileDir(textfile_dir, "--textfile-dir") if textfile_dir else df.find_textfile_dir()
+        chosen = df.TextfileDir(dv.absolute_path(chosen.path, "--textfile-dir"), chosen.why)
         files = df.render(binary or df.installed_binary(), chosen.path, image)
+    except dv.BadValue as exc:
+        raise UsageProblem(str(exc)) from None
     except df.DeployFilesError as exc:
         raise UsageProblem(str(exc)) from None
     # Which directory, and why: on stderr with --print, whose stdout is the files themselves.
@@ -48,10 +53,16 @@ def deploy_files(
             sys.stdout.write("# ==> {} <==\n{}\n".format(name, text))
         return
     try:
-        written = df.write(folder, files)  # type: ignore[arg-type]
+        real, written = df.write(folder, files)  # type: ignore[arg-type]
+    except tp.UntrustedPath as exc:
+        raise UsageProblem("{}: nothing written (deploy-files writes only into a folder that root or you own and no "
+                           "one else can write, and follows only root's or your links)".format(
+            dv.printable(str(exc)))) from None
     except OSError as exc:
-        raise UsageProblem("{}: {}".format(folder, exc.strerror or exc)) from None
-    sys.stdout.write("wrote {}\n{}".format(", ".join(written), said))
+        raise UsageProblem("{}: {}".format(dv.printable(exc.filename or folder), exc.strerror or exc)) from None
+    given = os.path.abspath(folder)  # type: ignore[arg-type]
+    moved = "" if real == given else "{} is {} (through a link): ".format(dv.printable(given), dv.printable(real))
+    sys.stdout.write("{}wrote {}\n{}".format(moved, ", ".join(dv.printable(w) for w in written), said))
 
 
 def schema(
