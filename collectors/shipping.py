@@ -8,7 +8,8 @@ pasting into issues, and each may wrap the engine's lines:
   (partial) records and one final ``F`` record, each with its own prefix;
 * ``kubectl logs --timestamps`` and ``docker logs --timestamps``: ``2026-05-01T10:00:00.123456789Z <line>``;
   RFC 3339 with an offset (``+00:00``) from other runtimes;
-* ANSI colour (SGR) escapes, anywhere in the line (vLLM colours its process prefix on a terminal);
+* ANSI colour (SGR) escapes, anywhere in the line (vLLM colours its process prefix on a terminal), as
+  bytes or typed in caret notation (``^[[0;36m``);
 * ``> `` or ``>> `` before every line, a quote marker added when pasting.
 
 ``unwrap`` removes those from one line; ``CriJoiner`` joins a CRI file's partial records into the
@@ -33,8 +34,10 @@ _RFC3339 = r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{
 _CRI_FIELDS = r" (?:stdout|stderr) [PF](?::[^ ]*)?"  # stream, then the tag ("P", "F"; more after ":")
 # One layer a shipper put before the line; they stack (kubectl's timestamp before a pasted "> ").
 _LAYER = re.compile(r"(?:" + _RFC3339 + r"(?:" + _CRI_FIELDS + r")?|>{1,2})(?: |$)")
-# SGR only (colour and weight): cursor movement belongs to progress bars the parsers read as such.
-_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+# SGR only (colour and weight): cursor movement belongs to progress bars the parsers read as such. Also in
+# caret notation, "^[" typed for ESC: what a terminal's copy, `cat -v` or `less` shows of those escapes and
+# people paste into issues (a vLLM 0.14 log: "^[[0;36m(EngineCore_DP0 pid=…)^[[0;0m INFO …").
+_SGR = re.compile(r"(?:\x1b|\^\[)\[[0-9;:]*m")
 
 # A CRI record, as bytes (files are joined before decoding): the timestamp, the stream, the tag.
 _CRI_RECORD = re.compile(
@@ -45,7 +48,7 @@ MAX_LINE_BYTES = 16 << 20  # a joined line is cut here: a runaway P run must not
 
 def unwrap(line: str) -> str:
     """``line`` without ANSI colour and without the shippers' prefixes before it (any stack of them)."""
-    while "\x1b" in line:  # again until none is left: removing one may close up another
+    while "\x1b" in line or "^[[" in line:  # again until none is left: removing one may close up another
         bare = _SGR.sub("", line)
         if bare == line:
             break

@@ -41,8 +41,9 @@ def verdict_dict(v: Optional[Verdict]) -> Optional[Dict[str, Any]]:
     """The answer first (an additive field of kvforensics.report/1): question, cause, proof, action."""
     if v is None:
         return None
-    return {"question": v.question, "cause": v.cause, "cause_finding": v.cause_finding, "proof": v.proof,
-            "action": v.action, "action_recommendation": v.action_recommendation}
+    return {"question": v.question, "cause": v.cause, "cause_finding": v.cause_finding,
+            "symptom_finding": v.symptom_finding, "proof": v.proof, "action": v.action,
+            "action_recommendation": v.action_recommendation}
 
 
 def finding_dict(f: Finding) -> Dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.model.live import GpuLedger, Inspection, Owner, TargetFailure
 from agent.model.records import Finding, Recommendation, Verdict, severity_rank
+from agent.model.verdict import CAUSE_LINES
 from agent.plugin import EngineAnalysis, display
 from collectors.units import GIB
 from reports import fit
@@ -200,9 +201,10 @@ VERDICT_LABEL = 10  # "  action  "
 
 
 def _verdict(c: Any, v: Optional[Verdict], memory: str = "") -> None:
-    """At most 8 lines at any width: the question (≤ 2), cause, proof and action (≤ 2 each), and in the
-    one-screen report the unused-memory figure (1; the proof gives a line up when the question takes
-    two); longer texts end in '…' — the whole of each is in the findings and recommendations below."""
+    """At most 11 lines at any width: the question (≤ 2), the cause (≤ 5: a mechanism is kept whole at 80
+    columns, agent/model/verdict.py CAUSE_LINES), proof and action (≤ 2 each), and in the one-screen report
+    the unused-memory figure (1; the proof gives a line up when the question takes two); longer texts end in
+    '…' — the whole of each is in the findings and recommendations below."""
     from rich.text import Text
 
     if v is None:
@@ -211,7 +213,7 @@ def _verdict(c: Any, v: Optional[Verdict], memory: str = "") -> None:
     question = fit.clip(v.question, width, 2)
     for line in question:
         c.print(Text(line, style="bold"), no_wrap=True, overflow="ignore", crop=False)
-    rows = [("cause", v.cause, None, 2), ("proof", v.proof, None, 1 if memory and len(question) > 1 else 2),
+    rows = [("cause", v.cause, None, CAUSE_LINES), ("proof", v.proof, None, 1 if memory and len(question) > 1 else 2),
             ("memory", memory, None, 1), ("action", v.action, "bold green", 2)]
     for label, text, style, most in rows:
         if not text:
@@ -231,7 +233,7 @@ def memory_line(v: Optional[Verdict], findings: Sequence[Finding]) -> str:
     that finding is already the cause."""
     for code in MEMORY_FINDINGS:
         f = next((f for f in findings if f.code == code), None)
-        if f is not None and (v is None or v.cause_finding != code):
+        if f is not None and (v is None or code not in (v.cause_finding, v.symptom_finding)):
             return f.title
     return ""
 

@@ -85,10 +85,10 @@ def test_a_margin_beyond_the_gpu_is_said_not_turned_into_a_negative_fraction():
     t = _target(["analyze", str(SEED_LOG), "--model-config", str(SEED_CONFIG), "--margin", "200GiB"])
     assert _rec(t, "--mem-fraction-static") is None  # was --mem-fraction-static -1.191
     assert _finding(t, "low_headroom")["detail"].endswith(
-        "out-of-memory errors under load are likely; no --mem-fraction-static keeps the 200.00 GiB margin: it is "
+        "so its KV budget is not cut on that alone; no --mem-fraction-static keeps the 200.00 GiB margin: it is "
         "more than the 94.04 GiB the GPU had free before the weights loaded.")
     v = t["verdict"]
-    assert (v["cause_finding"], v["action_recommendation"]) == ("low_headroom", None)
+    assert (v["symptom_finding"], v["action_recommendation"]) == ("low_headroom", None)
     assert v["action"] == ("none: the 200.00 GiB margin exceeds the GPU (94.04 GiB free before loading); check "
                            "--margin (from finding low_headroom)")
     t = _target(["analyze", str(V0_LOG), "--margin", "200GiB"])

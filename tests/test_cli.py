@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ROOT, SEED_CONFIG, SEED_LOG, run_cli, run_json
 
 TARGET_KEYS = {"target", "status", "problems", "engine", "startup", "findings", "recommendations", "verdict"}
-VERDICT_KEYS = {"question", "cause", "cause_finding", "proof", "action", "action_recommendation"}
+VERDICT_KEYS = {"question", "cause", "cause_finding", "symptom_finding", "proof", "action", "action_recommendation"}
 ENGINE_KEYS = {"name", "version_hint", "version_clues", "server_args"}
 STARTUP_KEYS = {"index", "count", "first_line", "max_total_num_tokens", "max_running_requests", "context_len",
                 "startup_avail_bytes", "ranks", "failure", "budget", "complete", "stages"}

@@ -71,8 +71,11 @@ def test_markdown_is_short_by_default_and_full_with_detail():
     for argv in (ANALYZE, INSPECT):
         code, short, err = run_cli(argv + ["--format", "markdown"])
         code, full, err = run_cli(argv + DETAIL + ["--format", "markdown"])
-        # the unused memory is the cause here, so no separate memory line repeats it
-        assert "- **Cause:** " in short and "unused" in short.split("- **Cause:** ")[1].splitlines()[0]
+        # the reserve taken before the weights loaded is the cause, the unused memory its proof: no separate
+        # memory line repeats it
+        cause = short.split("- **Cause:** ")[1].splitlines()[0]
+        assert cause.startswith("SGLang takes its (1 − 0.88) reserve from the 94.04 GiB free before the weights load")
+        assert "margin (--margin's default) = " in short.split("- **Proof:** ")[1].splitlines()[0]
         assert "- **Memory:** " not in short
         assert "- **WARNING** The draft model (LlamaForCausalLMEagle3) took 3.52 GiB out of the reserve" in short
         assert "1. `--mem-fraction-static 0." in short and "add `--detail`" in short.splitlines()[-1]

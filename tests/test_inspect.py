@@ -109,8 +109,9 @@ def test_rank_imbalance_live(tmp_path, fake_lib, monkeypatch):
     assert f["rank_imbalance"]["bytes"] == int(5.06 * GIB) - int(1.5 * GIB)
     assert "GPU 6" in f["rank_imbalance"]["detail"]
     assert f["low_headroom"]["bytes"] == int(1.5 * GIB)  # the minimum decides, and it is below the margin
-    rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
-    assert float(rec["value"]) < 0.88 and rec["gain_bytes"] < 0
+    # one look at NVML is no evidence of pressure: no cut (tests/test_record.py cuts on a measured low-water mark)
+    assert f["low_headroom"]["severity"] == "info"
+    assert not [r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static"]
 
 
 @pytest.mark.parametrize("directive,check", [

@@ -157,14 +157,30 @@ def test_v1_tp1_engine_core_holds_the_gpu_and_matches_the_logs_name(tmp_path, fa
     assert "u 0.9 from the running server" in rec["rationale"]
 
 
-def test_below_the_margin_the_budget_is_lowered(tmp_path, fake_lib, monkeypatch):
-    """1 GiB free on each GPU (the workers grew past their budget: NCCL, fragments): below the 2 GiB
-    margin, so u goes down by the shortfall, rounded down to 0.01."""
+def test_below_the_margin_the_budget_is_lowered_only_on_a_measured_low_water_mark(tmp_path, fake_lib,
+                                                                                  monkeypatch):
+    """1 GiB free on each GPU (the workers grew past their budget: NCCL, fragments): below the 2 GiB margin.
+    One look is a note to watch; over a recorded hour it is evidence, and u goes down by the shortfall,
+    rounded down to 0.01."""
+    import sqlite3
+
+    db = tmp_path / "h.db"
     with FakeVllmNode(tmp_path, tp=2, free_bytes=[GIB, GIB]) as n:
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(n.scenario))
         t = _inspect()
+        assert _codes(t)["low_headroom"]["severity"] == "info" and not t["recommendations"]
+        for _ in range(3):
+            code, out, err = run_cli(["record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http",
+                                      "--quiet"])
+            assert code == 0, err
+        conn = sqlite3.connect(str(db))
+        with conn:
+            conn.execute("UPDATE runs SET first_seen = first_seen - 3600")
+        conn.close()
+        t = _inspect("--db", str(db))
     f = _codes(t)
     assert f["low_headroom"]["bytes"] == GIB and "lower --gpu-memory-utilization" in f["low_headroom"]["detail"]
+    assert f["low_headroom"]["severity"] == "warning" and "measured over 60 minutes" in f["low_headroom"]["detail"]
     rec = t["recommendations"][0]
     total = t["startup"]["ranks"][0]["total_gpu_bytes"]
     assert rec["value"] == "{:.2f}".format(math.floor((0.9 - GIB / total) * 100) / 100) == "0.89"

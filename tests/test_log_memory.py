@@ -138,5 +138,7 @@ def test_a_cut_line_gives_the_events_of_its_records(tmp_path):
         glued = read_log(str(path)).startup
     finally:
         logfile.LONG_LINE_BYTES = old
-    assert [(e.kind, e.rank, e.data) for e in glued.events] == [(e.kind, e.rank, e.data) for e in seed.events]
+    # tqdm's bare 'Capturing batches (…)' has no record prefix to be cut at: glued, it is inside another record
+    own = [(e.kind, e.rank, e.data) for e in seed.events if e.kind != "graph_progress"]
+    assert [(e.kind, e.rank, e.data) for e in glued.events] == own
     assert len({e.offset for e in glued.events}) > 100 and all(e.line == 1 for e in glued.events)

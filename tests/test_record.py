@@ -74,6 +74,34 @@ def test_recommendation_rests_on_the_low_water_mark(node, tmp_path):
     assert "measured over 60 minutes" in unused["detail"]
 
 
+def test_a_cut_rests_on_a_measured_low_water_mark_below_the_margin_and_nothing_less(node, tmp_path):
+    """1.20 GiB at the lowest, under the 2 GiB margin: within seconds it is one look, a note to watch (no cut);
+    the same samples over an hour are evidence, and the KV budget gives back the shortfall, no more."""
+    db = tmp_path / "h.db"
+    for free in ([5.06] * 8, [5.06] * 2 + [1.20] + [5.06] * 5, [5.06] * 8):
+        _set_free(node, free)
+        _record(db)
+    code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", str(FAKE_LIB), "--db", str(db)])
+    t = json.loads(out)["targets"][0]
+    low = next(f for f in t["findings"] if f["code"] == "low_headroom")
+    assert low["severity"] == "info"
+    assert not [r for r in t["recommendations"] if r["gain_bytes"] and r["gain_bytes"] < 0]
+    conn = sqlite3.connect(str(db))
+    with conn:
+        conn.execute("UPDATE runs SET first_seen = first_seen - 3600")
+    conn.close()
+    code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", str(FAKE_LIB), "--db", str(db)])
+    t = json.loads(out)["targets"][0]
+    low = next(f for f in t["findings"] if f["code"] == "low_headroom")
+    assert low["severity"] == "warning" and "measured over 60 minutes, 3 samples: lowest free 1.20 GiB on GPU 2" \
+        in low["detail"]
+    rec = next(r for r in t["recommendations"] if r["flag"] == "--mem-fraction-static")
+    assert rec["basis"] == "measured" and "the low-water mark, measured over 60 minutes" in rec["rationale"]
+    shortfall = 2 * GIB - int(1.20 * GIB)
+    assert -rec["gain_bytes"] >= shortfall and -rec["gain_bytes"] < shortfall + int(0.001 * 94.04 * GIB) + (1 << 20)
+    assert t["verdict"]["action_recommendation"] == 0 and t["verdict"]["symptom_finding"] == "low_headroom"
+
+
 def _mem_fraction_advice(db):
     code, out, err = run_cli(["inspect", "--json", "--no-http", "--nvml-lib", str(FAKE_LIB), "--db", str(db)])
     t = json.loads(out)["targets"][0]

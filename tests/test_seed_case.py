@@ -145,8 +145,11 @@ def test_the_default_report_is_the_answer_on_one_screen(monkeypatch):
     lines = out.splitlines()
     assert code == 1 and err == "" and len(lines) <= 40 and all(len(x) <= 80 for x in lines)
     assert lines[1] == "Why is the KV cache 10.42 GiB per rank (159,277 tokens)?"
-    assert any(x.startswith("  cause   3.31 GiB of GPU memory sits unused") for x in lines[:9])
-    assert any(x.startswith("  action  --mem-fraction-static 0.915") for x in lines[:9])
+    assert lines[2] == "  cause   SGLang takes its (1 − 0.88) reserve from the 94.04 GiB free before the"
+    assert any("5.31 GiB of it is still free." in x for x in lines[3:7])
+    assert any(x.startswith("  proof   5.31 GiB free after startup − 2.00 GiB margin (--margin's default)")
+               for x in lines[:10])
+    assert any(x.startswith("  action  --mem-fraction-static 0.915") for x in lines[:12])
     assert "WARNING  3.31 GiB of GPU memory sits unused on every GPU after startup" in lines
     assert "1. --mem-fraction-static 0.915: +50,291 KV tokens, +6 requests (estimated)" in lines
     assert lines[-1].endswith("add --detail")

@@ -27,7 +27,7 @@ def _raise(monkeypatch, ctx):
     rec = Recommendation(flag="--mem-fraction-static", value="0.9", gain_bytes=10 * GIB, gain_tokens=1000,
                          basis="estimated", rationale="r.", gain_requests={}, fixes="unused_gpu_memory")
     change = SimpleNamespace(gain_bytes=10 * GIB)
-    found = SimpleNamespace(spare_bytes=12 * GIB, worth_it=True, change=change)
+    found = SimpleNamespace(spare_bytes=12 * GIB, worth_it=True, change=change, cut_advised=False)
     monkeypatch.setattr(recommend, "spare_memory", lambda c: found)
     monkeypatch.setattr(recommend, "_measured_raise", lambda c, a, f: rec)
     monkeypatch.setattr(recommend, "Analysis", SimpleNamespace)

@@ -185,7 +185,7 @@ def test_fits_without_breaking_words(report, width, color):
 
 @pytest.mark.parametrize("report", [analyze_complete, analyze_fragment, analyze_failed, inspect_seed,
                                     inspect_troubled_nodes, analyze_short, inspect_short], ids=lambda r: r.__name__)
-def test_the_verdict_comes_first_in_at_most_8_lines(report):
+def test_the_verdict_comes_first_in_at_most_11_lines(report):
     for width in WIDTHS:
         for one in ANSI.sub("", report(width, False)).split("\n" + "─" * width + "\n"):
             lines = one.splitlines()
@@ -193,7 +193,11 @@ def test_the_verdict_comes_first_in_at_most_8_lines(report):
             question = next(i for i, x in enumerate(lines) if x.endswith("?") or x.endswith("? …"))
             assert question <= 2  # right under the target's name (a long one may take two lines)
             verdict = lines[question:lines.index(next(x for x in lines if " evidence " in x and x.startswith("─")))]
-            assert 2 <= len(verdict) <= 8, verdict
+            # the question (2), a mechanism kept whole (5), proof, action (2 each), the memory row
+            assert 2 <= len(verdict) <= 11, verdict
+            cause = _verdict_row(verdict, "cause")
+            if len(cause) > 2:  # a mechanism: whole sentences, never cut
+                assert not cause[-1].rstrip().endswith("…"), verdict
 
 
 def test_identical_gpus_are_one_row_and_names_do_not_wrap():
@@ -205,7 +209,7 @@ def test_identical_gpus_are_one_row_and_names_do_not_wrap():
     assert len([x for x in text.splitlines() if x.startswith("  GPU ")]) == 1  # and one bar
 
 
-def test_every_golden_input_verdict_fits_8_lines_at_80_columns():
+def test_every_golden_input_verdict_fits_11_lines_at_80_columns_its_cause_uncut():
     from agent.model.reconcile import inspect_snapshot
     from agent.model.records import Options
     from agent.remote import bundles
@@ -225,4 +229,20 @@ def test_every_golden_input_verdict_fits_8_lines_at_80_columns():
                 text = terminal.render([replace(a, target="file:x")], False, 80, detail)
             lines = text.splitlines()
             end = next(i for i, x in enumerate(lines) if x.startswith("─") and " evidence " in x)
-            assert end - 1 <= 8, (path.name, lines[:end])
+            assert end - 1 <= 11, (path.name, lines[:end])
+            cause = _verdict_row(lines[:end], "cause")
+            if len(cause) > 2:  # a mechanism: whole sentences, never cut
+                assert not cause[-1].rstrip().endswith("…"), (path.name, cause)
+
+
+def _verdict_row(lines, label):
+    """The lines of one verdict row (its label's line and the indented ones under it)."""
+    out = []
+    for line in lines:
+        if line.startswith("  {} ".format(label)):
+            out.append(line)
+        elif out and line.startswith(" " * 10):
+            out.append(line)
+        elif out:
+            break
+    return out

@@ -161,7 +161,7 @@ def analysis_options(margin: str, request_tokens: int) -> "Options":
     margin_bytes = parse_size(margin, "--margin")
     if not 0 < request_tokens <= 10**9:
         raise UsageProblem("--request-tokens must be a positive number of tokens")
-    return Options(margin_bytes=margin_bytes, request_tokens=request_tokens)
+    return Options(margin_bytes=margin_bytes, request_tokens=request_tokens, margin_given=margin != MARGIN_GIB)
 
 
 def check_log_spec(log: Optional[str]) -> None:

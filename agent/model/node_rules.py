@@ -211,6 +211,32 @@ class Spare:
     # (why, action) when the engine gives no change: the margin exceeds the GPU, a cut would leave no KV
     # cache, the log lacks the budget's inputs (the engine's ``why_no_kv_change``); ("", "") otherwise
     no_change: Tuple[str, str] = ("", "")
+    # Short of the margin: the evidence that memory runs out under load (``pressure``), without which no cut
+    # of the KV budget is advised; "" when there is none (or nothing is short)
+    pressure: str = ""
+
+    @property
+    def cut_advised(self) -> bool:
+        return self.spare_bytes < 0 and bool(self.pressure)
+
+
+def margin_words(options: Any) -> str:
+    """'2.00 GiB margin (--margin's default)': the margin and where it comes from, wherever it is quoted."""
+    return "{} margin ({})".format(gib(options.margin_bytes), "--margin" if options.margin_given else
+                                   "--margin's default")
+
+
+def pressure(ctx: "Context", h: Headroom) -> str:
+    """Evidence that memory runs short under load, which alone justifies a smaller KV budget: a low-water mark
+    below the margin measured over a recorded history (``is_measured``), or what the engine's log shows
+    (an out-of-memory error while serving, a negative free figure, the engine's own warning: its analysis'
+    ``memory_pressure``). One look at NVML, or thin headroom in a startup log, is not: a server that reached
+    ready with little free memory is working as sized, and is watched (``record``), not cut."""
+    if h.measured and h.free_bytes < ctx.options.margin_bytes:
+        return "the low-water mark, {}".format(h.how)
+    a = ctx.analysis
+    said = getattr(a, "memory_pressure", None)
+    return (said() or "") if callable(said) else ""
 
 
 def spare_memory(ctx: "Context") -> Optional[Spare]:
@@ -229,7 +255,7 @@ def spare_memory(ctx: "Context") -> Optional[Spare]:
         else ("", "")
     pool = a.summary.max_total_num_tokens if a is not None else None
     worth = spare >= UNUSED_WARN_BYTES and (change is None or worth_it(change.gain_tokens, pool))
-    return Spare(h, spare, change, worth, no_change)
+    return Spare(h, spare, change, worth, no_change, pressure(ctx, h) if spare < 0 else "")
 
 
 def live_sizing(ctx: "Context", h: Headroom) -> Tuple[Optional[int], Optional[Dict[str, Any]]]:
@@ -363,12 +389,15 @@ def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
             severity="warning",
             title="{} unused on each of the engine's {} GPU(s)".format(gib(spare), len(ctx.live.engine_gpus)),
             detail="{} ({} {}). {} sizes every rank alike, so the least free GPU is what can be given to the "
-            "KV pool. Minus the {} margin: {}{}{}.".format(
-                h.how, low.rank, low.name or "", engine_name(ctx), gib(margin), gib(spare), gain, note
+            "KV pool. Minus the {}: {}{}{}.{}".format(
+                h.how, low.rank, low.name or "", engine_name(ctx), margin_words(ctx.options), gib(spare), gain, note,
+                _since_startup(ctx, h, " ")
             ),
             bytes=spare,
             evidence=(h.evidence,),
-            proof="{} left on GPU {} − {} margin = {}".format(gib(h.free_bytes), low.index, gib(margin), gib(spare)),
+            proof="{} {} on GPU {}{} − {} = {}".format(
+                gib(h.free_bytes), _free_words(h), low.index,
+                _since_startup_short(ctx, h), margin_words(ctx.options), gib(spare)),
             action=action,
         )
         return
@@ -376,13 +405,62 @@ def unused_gpu_memory(ctx: "Context") -> Iterator[Finding]:
         code="unused_gpu_memory",
         severity="warning",
         title="{} of GPU memory sits unused on every GPU after startup".format(gib(spare)),
-        detail="{} free after startup ({}), minus the {} margin kept for runtime activations, leaves {} "
-        "the KV pool could use{}{}.".format(gib(h.free_bytes), h.how, gib(margin), gib(spare), gain, note),
+        detail="{} free after startup ({}), minus the {} kept for runtime activations, leaves {} "
+        "the KV pool could use{}{}.".format(gib(h.free_bytes), h.how, margin_words(ctx.options), gib(spare), gain,
+                                            note),
         bytes=spare,
         evidence=(h.evidence,),
-        proof="{} free after startup − {} margin = {}".format(gib(h.free_bytes), gib(margin), gib(spare)),
+        proof="{} free after startup − {} = {}; {}".format(gib(h.free_bytes), margin_words(ctx.options), gib(spare),
+                                                          h.how),
         action=action,
     )
+
+
+def _since_startup(ctx: "Context", h: Headroom, lead: str) -> str:
+    """The log's free memory after startup against the live figure, and who took the difference since: the
+    engine itself (its allocator keeps what serving used) or the other processes on that GPU. '' when the
+    two agree within the log's rounding, or either is unknown."""
+    a, g = ctx.analysis, h.gpu
+    if a is None or g is None or ctx.live is None:
+        return ""
+    logged, _ = a.headroom()
+    if logged is None or abs(logged - h.free_bytes) < SAME_FREE_BYTES:
+        return ""
+    now = "now" if not h.measured else "at the low-water mark"
+    if logged < h.free_bytes:
+        return "{}the log had {} free after startup: {} more is free {}".format(
+            lead, gib(logged), gib(h.free_bytes - logged), now)
+    others = sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
+    who = "other processes on it hold {}".format(gib(others)) if others else \
+        "by the engine itself (its allocator keeps what serving used)"
+    return "{}the log had {} free after startup: {} taken since, {}".format(
+        lead, gib(logged), gib(logged - h.free_bytes), who)
+
+
+def _free_words(h: Headroom) -> str:
+    """What the live headroom figure is: NVML's free now, a recorded low-water mark, or the engine's own
+    budget's limit (``_within_ceiling``: NVML free still holds a peak the budget frees)."""
+    if h.how.startswith("by design"):
+        return "free by design"
+    return "lowest free" if h.measured else "free now"
+
+
+def _since_startup_short(ctx: "Context", h: Headroom) -> str:
+    """' (5.31 GiB after startup; the engine took 0.25 GiB since)': the same comparison, for the verdict."""
+    a, g = ctx.analysis, h.gpu
+    logged = a.headroom()[0] if a is not None and g is not None else None
+    if logged is None or g is None or abs(logged - h.free_bytes) < SAME_FREE_BYTES:
+        return ""
+    if logged < h.free_bytes:
+        return " ({} after startup, {} freed)".format(gib(logged), gib(h.free_bytes - logged))
+    others = any(p.owner is not Owner.ENGINE and p.used_bytes for p in g.processes)
+    return " ({} after startup, {} took {})".format(gib(logged), "others" if others else "the engine",
+                                                           gib(logged - h.free_bytes))
+
+
+# Free figures closer than this are the same reading (the log prints two decimals of GiB; NVML's free and
+# CUDA's differ by a few MiB of driver bookkeeping).
+SAME_FREE_BYTES = 32 << 20
 
 
 def _quoted_gain(ctx: "Context", found: Spare) -> str:
@@ -398,32 +476,38 @@ def _quoted_gain(ctx: "Context", found: Spare) -> str:
 
 
 def _low_headroom(ctx: "Context", found: Spare, margin: int) -> Finding:
+    """Less free than the margin. With evidence of pressure (``pressure``) a warning whose fix is the cut
+    recommended; without it a note with what to watch: the server reached ready as sized."""
     h = found.headroom
     why, action = found.no_change
-    if h.gpu is not None:
+    where = "on GPU {}".format(h.gpu.index) if h.gpu is not None else "after startup"
+    proof = "{} free {} < {}; {}".format(gib(h.free_bytes), where, margin_words(ctx.options),
+                                         h.how if h.gpu is None else "NVML")
+    flag = budget_flag(ctx)
+    if found.pressure:
         return Finding(
-            code="low_headroom",
-            severity="warning",
-            title="Only {} free on GPU {}, below the {} margin".format(gib(h.free_bytes), h.gpu.index, gib(margin)),
-            detail="{}. Out-of-memory errors under load are likely; {}.".format(
-                h.how, why or "give memory back with a lower " + budget_flag(ctx)
-            ),
-            bytes=h.free_bytes,
-            evidence=(h.evidence,),
-            proof="{} left on GPU {} < {} margin".format(gib(h.free_bytes), h.gpu.index, gib(margin)),
-            action=action,
-        )
+            code="low_headroom", severity="warning",
+            title="Only {} free {}, below the {} margin, and memory runs short".format(gib(h.free_bytes), where,
+                                                                                      gib(margin)),
+            detail="{}; {}. Out-of-memory errors under load are likely; {}.".format(
+                h.how, found.pressure, why or "give memory back with a lower " + flag),
+            bytes=h.free_bytes, evidence=(h.evidence,), proof=proof + "; " + found.pressure, action=action)
+    seen = "one look at NVML" if h.gpu is not None and not h.measured else "the startup log"
     return Finding(
-        code="low_headroom",
-        severity="warning",
-        title="Only {} free after startup, below the {} margin".format(gib(h.free_bytes), gib(margin)),
-        detail="Runtime activations for a prefill chunk, sampling and allocator fragmentation "
-        "come out of this; out-of-memory errors under load are likely{}.".format("; " + why if why else ""),
-        bytes=h.free_bytes,
-        evidence=(h.evidence,),
-        proof="{} free after startup < {} margin".format(gib(h.free_bytes), gib(margin)),
-        action=action,
-    )
+        code="low_headroom", severity="info",
+        title="{} free {}: below the {} margin; watch it, no cut is advised".format(gib(h.free_bytes), where,
+                                                                                    gib(margin)),
+        detail="{} free {} ({}). Runtime activations (a prefill chunk, sampling, allocator fragments) come out of "
+        "this, but the server reached ready as sized, and {} shows no memory pressure (no out-of-memory error, no "
+        "low-water mark below the margin over a recorded history), so its KV budget is not cut on that alone{}.".format(
+            gib(h.free_bytes), where, h.how, seen, "; " + why if why else ""),
+        bytes=h.free_bytes, evidence=(h.evidence,), proof=proof,
+        action=action or WATCH_ACTION.format(flag))
+
+
+# What a thin headroom with no evidence of pressure asks of the operator (the verdict's action).
+WATCH_ACTION = "watch the low-water mark with `kvforensics record`; lower {} only on an OOM or a dip under the " \
+    "margin"
 
 
 def rank_imbalance(ctx: "Context") -> Iterator[Finding]:

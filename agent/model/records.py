@@ -39,6 +39,9 @@ class Finding:
     # line, and what to do first when that comes before any flag change (a lost GPU, a fragment).
     proof: str = ""
     action: str = ""
+    # For a finding that explains a figure (why the KV cache is its size): the mechanism in one or two
+    # sentences with its figures, the verdict's cause when the report asks about that figure.
+    mechanism: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class Verdict:
     proof: str
     action: str
     cause_finding: Optional[str] = None  # the finding's code the cause is
+    # The symptom beside a mechanism (unused memory, thin headroom): its figures are the proof; None when the
+    # cause is the symptom's own finding or has none.
+    symptom_finding: Optional[str] = None
     action_recommendation: Optional[int] = None  # 0-based index in the recommendations, when one is the action
 
 
@@ -88,6 +94,7 @@ class Options:
     """Analysis knobs, all documented in the README."""
 
     margin_bytes: int = 2 << 30  # kept free for runtime activations not seen at startup
+    margin_given: bool = False  # --margin given (else its default): said wherever the margin is
     request_tokens: int = 8192  # typical prompt + output length for concurrency estimates
     model_config: Optional[Dict[str, Any]] = None
     model_config_path: Optional[str] = None

@@ -38,6 +38,8 @@ NO_ENGINE_ACTION = "none: without the engine's startup log there is no flag to s
 # (reports/terminal.py VERDICT_LABEL); 80 columns is the narrowest width every report fits.
 VERDICT_WIDTH = 70
 VERDICT_LINES = 2
+# A mechanism is a sentence or two with its figures: it may take five lines, and is never cut inside one.
+CAUSE_LINES = 5
 CLAUSE = "; "
 
 
@@ -50,8 +52,27 @@ def verdict(analysis: Optional[Any], live: bool, findings: Sequence[Finding],
     if key is None:
         return Verdict(question=question(analysis, live), cause="nothing to report: no finding", proof="",
                        action=action, cause_finding=None, action_recommendation=index)
+    explained = mechanism_for(analysis, key, findings)
+    if explained is not None:
+        symptom = key if key.code != explained.code else None
+        return Verdict(question=question(analysis, live), cause=fit(explained.mechanism, CAUSE_LINES),
+                       proof=fit(symptom.proof or _first_sentence(symptom.detail)) if symptom else fit(explained.proof),
+                       action=action, cause_finding=explained.code, symptom_finding=symptom.code if symptom else None,
+                       action_recommendation=index)
     return Verdict(question=question(analysis, live), cause=_sentence(key.title), proof=proof(key, findings),
                    action=action, cause_finding=key.code, action_recommendation=index)
+
+
+def mechanism_for(analysis: Optional[Any], key: Finding, findings: Sequence[Finding]) -> Optional[Finding]:
+    """The KV explanation whose mechanism answers the question, when the question is why the KV cache is its
+    size (a finished startup with a KV figure) and the key finding is about that memory (or is the
+    explanation itself): the symptom is then its proof, never the cause."""
+    if analysis is None or analysis.failed is not None or not analysis.complete or _kv_per_rank(analysis) is None:
+        return None
+    if key.code not in EXPLAINED_BY_KV + KV_EXPLANATIONS:
+        return None
+    explained = _kv_explanation(findings)
+    return explained if explained is not None and explained.mechanism else None
 
 
 def question(analysis: Optional[Any], live: bool) -> str:
@@ -161,11 +182,19 @@ def fits(text: str, width: int = VERDICT_WIDTH, lines: int = VERDICT_LINES) -> b
     return used <= lines and all(len(w) <= width for w in text.split())
 
 
-def fit(text: str) -> str:
+def fit(text: str, lines: int = VERDICT_LINES) -> str:
     """``text`` as the clauses that fit the verdict's lines: as many of the leading clauses as fit whole,
-    the first one shortened to make room for the others only while it keeps a line of its own."""
-    if fits(text):
+    the first one shortened to make room for the others only while it keeps a line of its own. With more
+    than the proof's two lines (a cause), whole sentences are kept, never a cut one."""
+    if fits(text, lines=lines):
         return text
+    if lines != VERDICT_LINES:
+        sentences = text.split(". ")
+        for keep in range(len(sentences) - 1, 0, -1):
+            head = ". ".join(sentences[:keep]) + "."
+            if fits(head, lines=lines):
+                return head
+        return text  # one sentence longer than the lines: whole, the terminal wraps it
     clauses = text.split(CLAUSE)
     for keep in range(len(clauses), 0, -1):
         tail = clauses[1:keep]

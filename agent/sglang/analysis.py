@@ -94,6 +94,17 @@ class Analysis:
         value, r = min(finals, key=lambda x: x[0])
         return value, "{} {}: last free figure".format(r.rank, r.sources.get("final_avail_bytes", "")).strip()
 
+    def memory_pressure(self) -> str:
+        """The log's evidence that memory runs short while serving: an out-of-memory error after the scheduler
+        summary (the startup had finished), for node_rules.pressure; '' when it shows none."""
+        if not self.complete or not self.attributed.summaries:
+            return ""
+        ready = self.attributed.summaries[0]
+        lines = [e for e in self.attributed.failures + self.attributed.other if e.kind in ("failure", "exception")]
+        oom = next((e for e in lines if (e.offset, e.line or 0) > (ready.offset, ready.line or 0)
+                    and (e.data.get("cause") == "cuda_out_of_memory" or "out of memory" in e.text.lower())), None)
+        return "" if oom is None else "the log shows an out-of-memory error while serving ({})".format(where(oom))
+
     def last_free_seen(self) -> Tuple[Optional[int], str]:
         """The least of the ranks' last free figures, whatever stage it came from, with its line."""
         finals = [(r.final_avail_bytes, r) for r in self.ranks if r.final_avail_bytes is not None]

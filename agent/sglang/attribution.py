@@ -18,7 +18,7 @@ from collectors.events import LogEvent
 from collectors.sglang.startups import Startup
 
 RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "kv_pool", "swa_pool",
-                "pool_end", "mamba_pool", "graph_begin", "graph_end", "graph_bs", "post_capture_kv")
+                "pool_end", "mamba_pool", "graph_begin", "graph_end", "graph_bs", "graph_progress", "post_capture_kv")
 
 
 @dataclass
@@ -70,6 +70,7 @@ def attribute(startup: Startup) -> Attributed:
     failures: List[LogEvent] = []
     other: List[LogEvent] = []
     splits: Dict[Optional[str], LogEvent] = {}  # per rank tag; None: the last one, for ranks that print none
+    capturing = ""  # the rank whose graph capture began last
     for ev in startup.events:
         if ev.kind == "server_args":
             server_args = server_args or ev
@@ -78,8 +79,11 @@ def attribute(startup: Startup) -> Attributed:
         elif ev.kind == "failure":
             failures.append(ev)
         elif ev.kind in RUNNER_KINDS:
-            # A memory line without any SGLang prefix was pasted with it stripped: untagged.
-            tag = ev.rank if ev.rank is not None else ""
+            # A memory line without any SGLang prefix was pasted with it stripped: untagged. A capture's tqdm
+            # progress is always bare: it is the rank's whose capture (or batch-size list) came last.
+            tag = ev.rank if ev.rank is not None else (capturing if ev.kind == "graph_progress" else "")
+            if ev.kind in ("graph_begin", "graph_bs"):
+                capturing = tag
             rank = ranks.setdefault(tag, RankEvents(tag))
             rank.swa_split = splits.get(tag, splits.get(None))
             _runner_for(rank, ev).events.append(ev)
@@ -99,7 +103,7 @@ def _runner_for(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
     kind = ev.kind
     if kind in ("graph_begin", "graph_end", "post_capture_kv"):
         return d if ev.data.get("draft") else t  # the text names the draft ("draft", "draft extend")
-    if kind == "graph_bs":
+    if kind in ("graph_bs", "graph_progress"):
         return d if d.has("graph_begin") else t
     if kind in ("dist_init_begin", "load_begin"):
         return d if t.has(kind) else t  # the second one on a rank is the draft's
@@ -124,11 +128,16 @@ def _pool_runner(rank: RankEvents, ev: LogEvent) -> RunnerEvents:
     pool), then to the draft, once the draft has begun loading."""
     t, d = rank.target, rank.draft
     if ev.kind == "kv_pool":
-        # Hybrid models print one KV pool line per pool: the target's is taken per pool.
+        # Hybrid models print one KV pool line per pool: the target's is taken per pool. Its pools end with
+        # one 'Memory pool end' (model_runner.py init_memory_pool): a KV line after it is the draft runner's
+        # own pool, even in a fragment that starts after the draft began loading (a 2026 hybrid GDN model
+        # with a draft: target K+V 3.46+3.46 GB, then the draft's 1.08+1.08 GB, each with its pool end).
         key = pool_key(ev, rank.swa_split)
         taken = any(pool_key(e, rank.swa_split) == key for e in t.all("kv_pool"))
-    else:
-        taken = t.has(ev.kind)
+        return d if t.has("pool_end") or (taken and d.has("load_begin")) else t
+    if ev.kind == "pool_end" and t.has("pool_end") and d.has("kv_pool"):
+        return d
+    taken = t.has(ev.kind)
     return d if taken and d.has("load_begin") else t
 
 

@@ -44,7 +44,7 @@ def mem_fraction(ctx: "Context") -> Iterator[Recommendation]:
     found = spare_memory(ctx)
     if found is None or found.change is None:
         return
-    if found.spare_bytes < 0:
+    if found.cut_advised:
         yield _lower_mem_fraction(ctx, a, found)
     elif found.worth_it and found.change.gain_bytes > 0:
         rec = _measured_raise(ctx, a, found) if ctx.live is not None else _estimated_raise(a, found)
@@ -122,8 +122,9 @@ def _lower_mem_fraction(ctx: "Context", a: Analysis, found: Spare) -> Recommenda
     return Recommendation(
         flag=c.flag, value=c.value, gain_bytes=c.gain_bytes, gain_tokens=c.gain_tokens,
         basis="measured" if h.measured else "estimated",
-        rationale="Only {} {}, below the {} margin: give {} back to runtime activations to avoid out-of-memory errors "
-        "under load.".format(gib(h.free_bytes), where, gib(ctx.options.margin_bytes), gib(-c.gain_bytes)),
+        rationale="Only {} {}, below the {} margin, and {}: give {} back to runtime activations to avoid "
+        "out-of-memory errors under load.".format(gib(h.free_bytes), where, gib(ctx.options.margin_bytes),
+                                                  found.pressure, gib(-c.gain_bytes)),
         gain_requests=gain_requests(a, c.gain_tokens), fixes="low_headroom")
 
 

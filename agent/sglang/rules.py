@@ -7,7 +7,7 @@ Codes are stable (documented in README); tolerances are named constants.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from agent.model.citing import where
 from agent.model.records import Finding
@@ -140,7 +140,56 @@ def mem_fraction_semantics(a: Analysis) -> Iterator[Finding]:
     if kv is not None:
         proof += " (logged {})".format(gib(kv))
     yield Finding(code="mem_fraction_semantics", severity="info", title=title, detail=detail, bytes=reserve,
-                  evidence=evidence, proof=proof)
+                  evidence=evidence, proof=proof, mechanism=reserve_mechanism(a, kv))
+
+
+def reserve_mechanism(a: Analysis, kv: Optional[int]) -> str:
+    """Why the KV pool is its size, as SGLang sizes it (model_runner.py profile_max_num_token, every era up
+    to 0.5.x): the reserve is (1 − mem_fraction_static) of the free memory measured before the weights
+    load, the pool gets what the weights left minus that reserve; then, from a finished startup, what the
+    reserve paid for and what of it is still free."""
+    b = a.budget
+    assert b.mfs is not None and b.pre_min_bytes is not None and b.post_min_bytes is not None
+    reserve = b.reserve_bytes or 0
+    got = gib(b.post_min_bytes - reserve) if kv is None else "{} (logged)".format(gib(kv))
+    solved = b.mfs_source.startswith("back-solved")
+    f, rest = ("{:.3f}".format(b.mfs), "{:.3f}".format(1 - b.mfs)) if solved else \
+        ("{:g}".format(b.mfs), "{:g}".format(round(1 - b.mfs, 6)))
+    head = ("SGLang takes its (1 − {}{}) reserve from the {} free before the weights load: {}, not the {} that "
+            "{} of the {} left after them would keep; the KV pool got the rest, {}.").format(
+                f, ", back-solved" if solved else "", gib(b.pre_min_bytes), gib(reserve),
+                gib(int(b.post_min_bytes * (1 - b.mfs))), rest, gib(b.post_min_bytes), got)
+    paid = _paid_for(a)
+    return head + (" " + paid if paid else "")
+
+
+def _paid_for(a: Analysis) -> str:
+    """'It paid for the EAGLE3 draft (3.52 GiB), CUDA graphs (1.43 GiB) and workspaces (0.69 GiB); 5.31 GiB
+    of it is still free.' from the reserve's breakdown (a finished startup only)."""
+    if not a.complete:
+        return ""
+    groups: Dict[str, int] = {}
+    free = None
+    algorithm = a.server_args.get("speculative_algorithm")
+    draft = "the {} draft".format(algorithm) if isinstance(algorithm, str) and len(algorithm) <= 16 else "the draft"
+    for label, n, _ in reserve_breakdown(a):
+        if label.startswith("still free"):
+            free = n
+            continue
+        name = draft if "draft" in label else "CUDA graphs" if label.startswith("CUDA graphs") else \
+            None if label.startswith("unexplained") else "workspaces"
+        if name is not None:
+            groups[name] = groups.get(name, 0) + n
+    if free is None:
+        return ""
+    items = ["{} ({})".format(name, gib(n)) for name, n in sorted(groups.items(), key=lambda x: -x[1]) if n > 0]
+    spent = "It paid for {}; ".format(_and(items)) if items else ""
+    text = "{}{} of it is still free.".format(spent, gib(free))
+    return text[0].upper() + text[1:]
+
+
+def _and(items: List[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def reserve_breakdown(a: Analysis) -> List[Tuple[str, int, str]]:

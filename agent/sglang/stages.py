@@ -26,6 +26,7 @@ STAGE_WORDS = {
 # The line that shows a stage was reached, per runner event kind.
 _STAGE_OF_KIND = {"dist_init_end": "dist_init", "load_end": "weights", "kv_pool": "kv_pool", "swa_pool": "kv_pool",
                   "pool_end": "kv_pool", "graph_begin": "workspaces", "graph_end": "graph_capture",
+                  "graph_progress": "graph_capture",
                   "post_capture_kv": "graph_capture"}
 # Where SGLang raises each specific failure (release wheels 0.2.15–0.5.23, sglang_source_facts §8).
 _CAUSE_STAGE = {"cuda_graph_capture_failed": "graph_capture", "not_enough_memory": "kv_pool",

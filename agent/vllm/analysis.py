@@ -41,6 +41,9 @@ ERAS = (  # (name, since, until, graphs inside the budget)
 CUDA_CONTEXT_BYTES = 527 << 20
 UTILIZATION_ROUNDING = ("--gpu-memory-utilization is u + spare ÷ T rounded down to 0.01, so the budget grows by a "
                         "little less than the spare, never more (and a cut gives back at least the shortfall)")
+# A worker process's prefix, every era's name: "Worker_TP1 pid=9", "VllmWorker TP0 pid=9", "VllmWorkerProcess pid=9",
+# "RayWorkerWrapper pid=9".
+_WORKER_TAG = re.compile(r"Worker")
 _V1_KINDS = ("available_kv", "kv_tokens", "graph_estimate", "graph_advisory", "suggestion", "graph_pool")
 _V1_FMTS = ("free_short", "maxlen_v1", "engine_failed")
 _V0_FMTS = ("profile_takes", "profile_budget", "profile_breakdown", "profile_global", "graph_begin",
@@ -231,6 +234,26 @@ class Analysis:
     @property
     def failed(self) -> Optional[Failure]:
         return self.failure
+
+    def worker_count(self) -> int:
+        """Workers the log shows: every worker process prefix (Worker_TP1 may print no memory line of its own),
+        at least the workers with figures, and at least tensor × pipeline parallel when the arguments say it."""
+        tags = {e.rank for e in self.events if e.rank and _WORKER_TAG.search(e.rank)}
+        sizes = [self.server_args.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")]
+        parallel = 1
+        for size in sizes:
+            parallel *= size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 4096 else 1
+        return max(len(self.ranks), len(tags), parallel)
+
+    def memory_pressure(self) -> str:
+        """The log's evidence that memory runs short while serving (an out-of-memory error after the engine was
+        ready), for node_rules.pressure; '' when it shows none."""
+        ready = ready_event(self.events)
+        if ready is None:
+            return ""
+        oom = next((e for e in self.events if e.kind in ("failure", "exception") and _order(e) > _order(ready)
+                    and (e.data.get("cause") == "cuda_out_of_memory" or "out of memory" in e.text.lower())), None)
+        return "" if oom is None else "the log shows an out-of-memory error while serving ({})".format(where(oom))
 
     def binding(self) -> Optional[Worker]:
         """The worker with the least KV memory: every worker gets the minimum's block count."""
@@ -961,12 +984,24 @@ def _outcome(startup: Startup, workers: Tuple[Worker, ...], stages: List[str],
              last: Optional[LogEvent]) -> Tuple[bool, Optional[Failure]]:
     """(complete, the failure): a closed startup without failure lines that reached 'ready' needs no
     failure analysis; any failure found makes the startup incomplete."""
-    events = startup.events
+    events = _before_ready(startup.events)  # what it printed once ready is serving, not its startup
     complete = startup.closed and not any(e.kind in ("failure", "exception") for e in events)
     if complete and "ready" in stages:
         return complete, None
     died = _failure(events, workers, stages, last)
     return complete and died is None, died
+
+
+def ready_event(events: Tuple[LogEvent, ...]) -> Optional[LogEvent]:
+    """The first line that shows the engine ready (its init done, the API server serving)."""
+    return next((e for e in events if _STAGE_OF_KIND.get(e.kind) == "ready"), None)
+
+
+def _before_ready(events: Tuple[LogEvent, ...]) -> Tuple[LogEvent, ...]:
+    """The startup's own lines: a request's error after 'Application startup complete.' ("This model's maximum
+    context length is 2048 tokens", a client gone) is a serving problem, never the startup's failure."""
+    ready = ready_event(events)
+    return events if ready is None else tuple(e for e in events if _order(e) <= _order(ready))
 
 
 def _cell_bytes(workers: Tuple[Worker, ...], tokens: Optional[int], era: Era) -> Optional[int]:

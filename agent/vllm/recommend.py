@@ -53,7 +53,8 @@ def resize_utilization(ctx: "Context") -> Iterator[Recommendation]:
     if not isinstance(a, Analysis) or a.failed is not None:
         return
     found = spare_memory(ctx)
-    if found is None or (not found.worth_it and found.spare_bytes >= 0):
+    if found is None or (not found.worth_it and not found.cut_advised) or (found.spare_bytes < 0
+                                                                            and not found.cut_advised):
         return
     h = found.headroom
     cuda_total, flags = live_sizing(ctx, h)  # what spare_memory sized its change with: one computation

@@ -3,7 +3,7 @@ every engine shares are in ``agent/model/node_rules.py``; ``agent/model/rulebook
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional, Tuple
 
 from agent.model.citing import where
 from agent.model.records import Finding
@@ -108,21 +108,92 @@ def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
     if w.available_kv_bytes is not None:
         detail += " KV cache memory on {}: {}.".format(w.rank or "the worker", gib(w.available_kv_bytes))
     yield Finding(code="gpu_memory_utilization_semantics", severity="info",
-                  title="gpu_memory_utilization is a fraction of the GPU's total memory", detail=detail,
-                  bytes=w.requested_bytes,
+                  title=_budget_title(a, w), detail=detail, bytes=w.requested_bytes,
                   evidence=tuple(s for s in (w.sources.get("requested_bytes"), w.sources.get("available_kv_bytes"))
-                                 if s), proof=_budget_proof(w))
+                                 if s), proof=_budget_proof(w), mechanism=budget_mechanism(a, w))
+
+
+def _utilization(a: Analysis, w: Worker) -> Optional[Tuple[float, str]]:
+    """u and, when it is not the worker's own figure, where it comes from (the arguments, the era's default)."""
+    if w.gpu_memory_utilization is not None:
+        return w.gpu_memory_utilization, ""
+    got = a.fraction({})
+    if got is None:
+        return None
+    return got[0], " (the default)" if "default" in got[1] else ""
+
+
+def _budget_title(a: Analysis, w: Worker) -> str:
+    u = _utilization(a, w)
+    if u is not None and w.total_gpu_bytes is not None and w.available_kv_bytes is not None:
+        return "--gpu-memory-utilization {:g} × the GPU's {} = {} budget; {} of it for the KV cache".format(
+            u[0], gib(w.total_gpu_bytes), gib(int(w.total_gpu_bytes * u[0])), gib(w.available_kv_bytes))
+    return "gpu_memory_utilization is a fraction of the GPU's total memory"
+
+
+# What comes out of T·u before the KV cache, by era (the terms each release prints), in the order vLLM
+# subtracts them: (label, worker field).
+_OUT_OF_BUDGET = (("the weights", "weights_bytes"), ("the activation peak", "activation_peak_bytes"),
+                  ("non-torch memory", "non_torch_bytes"), ("the CUDA-graph estimate", "cuda_graph_estimate_bytes"))
+
+
+def budget_mechanism(a: Analysis, w: Worker) -> str:
+    """Why the KV cache is its size, in vLLM's own arithmetic: the budget T·u (a share of the whole GPU, not
+    of free memory), what came out of it with the figures this log prints, and what was left for the KV
+    cache; graphs on top where the era captures them outside the budget. '' without u or the KV figure."""
+    u = _utilization(a, w)
+    kv = w.available_kv_bytes
+    if u is None or kv is None:
+        return ""
+    if w.total_gpu_bytes is not None:
+        budget = int(w.total_gpu_bytes * u[0])
+        head = "vLLM's budget is --gpu-memory-utilization {:g}{} × the GPU's whole {} = {}, not a share of free " \
+            "memory".format(u[0], u[1], gib(w.total_gpu_bytes), gib(budget))
+    else:
+        budget = None
+        head = "vLLM's budget is --gpu-memory-utilization {:g}{} × the GPU's whole memory (this release does not " \
+            "print the total)".format(u[0], u[1])
+    inside = _inside_budget(a)
+    parts = [(label, getattr(w, name)) for label, name in _OUT_OF_BUDGET
+             if getattr(w, name) and (name != "cuda_graph_estimate_bytes" or inside)]
+    if w.peak_torch_bytes and not w.weights_bytes:  # 0.6.4.x: the torch peak, weights included
+        parts.insert(0, ("the torch peak (weights included)", w.peak_torch_bytes))
+    said = sum(n for _, n in parts)
+    items = ["{} ({})".format(label, gib(n)) for label, n in parts]
+    if budget is not None and budget - said - kv > NOT_ITEMISED_BYTES:
+        items.append("{} not itemised in this log".format(gib(budget - said - kv)))
+    elif budget is None or not parts:
+        items.append("what this log does not itemise")
+    out = items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    text = "{}; out of it came {}, leaving {} for the KV cache.".format(head, out, gib(kv))
+    if a.era.graphs_inside is False or a.estimate_not_applied():
+        graphs = max((x.cuda_graph_bytes or 0 for x in a.ranks), default=0)
+        text += " CUDA graphs{} are captured on top of the budget.".format(
+            " ({})".format(gib(graphs)) if graphs else "")
+    return text
+
+
+NOT_ITEMISED_BYTES = 1 << 28  # 0.25 GiB: the log's rounding of four figures stays below it
+
+
+def _inside_budget(a: Analysis) -> bool:
+    return a.era.graphs_inside is not False and not a.estimate_not_applied()
 
 
 def _budget_proof(w: Worker) -> str:
-    """The budget as the whole GPU's share, what of it the KV cache got, and what lies outside it."""
+    """The budget as the whole GPU's share, what of it the KV cache got, and what lies outside it; without the
+    total, the figures the log does print, with their lines."""
     parts = []
     if w.total_gpu_bytes is not None and w.requested_bytes is not None and w.gpu_memory_utilization is not None:
         parts.append("T·u = {} × {:g} = {} budget, a share of the whole GPU".format(
             gib(w.total_gpu_bytes), w.gpu_memory_utilization, gib(w.requested_bytes)))
-    if w.available_kv_bytes is not None:
-        parts.append("{} of it for KV".format(gib(w.available_kv_bytes)) if parts else
-                     "KV cache {}".format(gib(w.available_kv_bytes)))
+    if w.available_kv_bytes is not None and parts:
+        parts.append("{} of it for KV".format(gib(w.available_kv_bytes)))
+    elif w.available_kv_bytes is not None:
+        parts += ["{} {} ({})".format(label, gib(getattr(w, name)), w.sources.get(name, "the log"))
+                  for label, name in (("weights", "weights_bytes"), ("KV cache", "available_kv_bytes"))
+                  if getattr(w, name) is not None]
+        parts.append("the GPU's total is not in this log")
     if w.total_gpu_bytes is not None and w.requested_bytes is not None:
         parts.append("{} outside it".format(gib(w.total_gpu_bytes - w.requested_bytes)))
     return "; ".join(parts)

@@ -342,6 +342,12 @@ FORMATS: Tuple[LineFormat, ...] = (
          r"^Capture (?P<what>.*?)(?:cuda|CUDA|cpu|CPU|npu|NPU|xpu|XPU) graph (?P<edge>end)\b(?P<rest>.*)$", _graph,
          *_graph_clues(end=True)),
     _row("graph_bs", "graph_bs", "graph bs", r"^Capture (?:cuda|CUDA) graph bs \[([^\]]*)\]", _graph_bs),
+    # tqdm's description while graphs are captured, one per batch size (cuda_graph_runner.py capture:
+    # f"Capturing batches ({bs=} {avail_mem=:.2f} GB)"): untagged (tqdm writes it bare, on the capturing rank
+    # only), and the free memory at that moment: a log that stops mid-capture ends here.
+    _row("graph_progress", "graph_progress", "Capturing batches",
+         r"^Capturing batches \(bs=(\d+) avail_mem=(" + _NUM + r") GB\)",
+         lambda m, msg: {"bs": _count(m.group(1)), "avail_bytes": _gib(m.group(2))}),
     # (g) scheduler summary, every rank ≤0.4.6, tp_rank 0 only since 0.4.7.
     _row("summary", "summary", "max_total_num_tokens=",
          r"^max_total_num_tokens=(?P<T>\d+), (?:chunked_prefill_size=(?P<K>-?\d+|None), )?"

@@ -338,6 +338,11 @@ FORMATS = (
          r"^Capturing the model for CUDA graphs", _empty, always(*_V0_GRAPH_BEGIN)),
     _row("graph_begin", "graph_begin", "Capturing cudagraphs for decoding", r"^Capturing cudagraphs for decoding",
          _empty, always("0.6.4", "0.10.2", "'Capturing cudagraphs for decoding' (V0 model runner)")),
+    # V1's tqdm bar while graphs are captured ("Capturing CUDA graph shapes: 0%| 0/67", later "Capturing CUDA
+    # graphs (mixed prefill-decode, PIECEWISE): 0%| 0/51"): bare, with no prefix; the capture has begun.
+    _row("graph_progress", "graph_begin", "Capturing CUDA graph",
+         r"^Capturing CUDA graph(?:s| shapes)\b[^:]*:\s*\d{1,3}%[^|]*\|[^|]*\|\s*(?P<done>\d+)/(?P<total>\d+)",
+         lambda m, msg: {"done": int(m.group("done")[:9]), "total": int(m.group("total")[:9])}),
     _row("graph_end", "graph_end", "Graph capturing finished in",
          r"^Graph capturing finished in (?P<s>\d+(?:\.\d+)?) secs?(?:, took (?P<g>" + _NUM + r") ?GiB)?", _graph_end,
          first(when(lambda d, t: d["graph_bytes"] is None, "0.3.3", "0.6.3", "'Graph capturing finished' without GiB"),

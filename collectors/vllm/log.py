@@ -23,7 +23,7 @@ from collectors.vllm.formats import FORMATS
 
 __all__ = ["LogEvent", "classify", "parse_line", "parse_lines", "split_record"]
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_ANSI = re.compile(r"(?:\x1b|\^\[)\[[0-9;?]*[ -/]*[@-~]")  # ESC, or "^[" typed (caret notation)
 # "2025-02-22 12:25:53 | pod/container | ", "[2026-02-24T20:21:58Z] ", "> ", "- ", "[rank0]: ".
 _FOREIGN = re.compile(
     r"^(?:\d{4}-\d{2}-\d{2}[ T][\d:.,]+ \| [^|]* \| |\[\d{4}-\d{2}-\d{2}T[\d:.,]+Z?\] |> |- |\[rank\d+\]: ?)+")

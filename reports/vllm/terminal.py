@@ -21,7 +21,7 @@ def brief(a: Any) -> List[str]:
     model = a.server_args.get("model") or a.server_args.get("model_path")
     if model:
         facts.append(str(model).rstrip("/").rsplit("/", 1)[-1])
-    facts.append("{} worker(s)".format(len(a.ranks)))
+    facts.append("{} worker(s)".format(a.worker_count()))
     utilization = next((w.gpu_memory_utilization for w in a.ranks if w.gpu_memory_utilization is not None), None)
     if utilization is not None:
         facts.append("--gpu-memory-utilization {:g}".format(utilization))
@@ -36,7 +36,7 @@ def brief(a: Any) -> List[str]:
 def render(c: Any, a: Any) -> None:
     """A vLLM analysis (agent/vllm/): header and a per-worker ledger (GiB; — where the log has no figure)."""
     say(c, "vLLM {} (from line formats{})".format(a.era.hint or "?", ", era " + a.era.name if a.era.name else ""))
-    facts = ["{} worker(s)".format(len(a.ranks))]
+    facts = ["{} worker(s)".format(a.worker_count())]
     if a.kv_cache_tokens is not None:
         facts.append("GPU KV cache {:,} tokens".format(a.kv_cache_tokens))
     if a.gpu_blocks is not None:
