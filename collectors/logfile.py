@@ -139,19 +139,34 @@ def read_log(path: str, startup: int = -1, count_lines: bool = False, engine: st
         return _from_stream(sys.stdin.buffer, "<stdin>", startup, engine)
     _check_path(path)
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO, <(cat log), a character device
+        mode = os.stat(path).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):  # /dev/zero, a tty: endless
+            raise LogReadError("unreadable", "{}: is a {}, not a log file (kvforensics reads files, pipes and "
+                               "stdin)".format(path, _KINDS.get(stat.S_IFMT(mode), "special file")))
+        if not stat.S_ISREG(mode):  # a FIFO, <(cat log)
             return _from_pipe(path, startup, engine)
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            known = _REFUSED.get(_identity(st))
+            if known is not None:  # refused before, unchanged since: a look does not read it again
+                raise LogReadError(known[0], known[1])
+            size = st.st_size  # what is read: the file as it is now, not what a runtime keeps appending
             head = f.read(CRI_SNIFF_BYTES)
             magic = head[:4]
             f.seek(0)
-            if shipping.looks_cri(head):  # its partial records are joined in file order: read forward
-                return _from_stream(f, path, startup, engine)
-            if magic[:2] == b"\x1f\x8b":
-                return _from_stream(_Gunzip(f), path, startup, engine)
-            if magic[:2] in (b"\xff\xfe", b"\xfe\xff") or _looks_utf16(magic):
-                return _from_stream(_Utf16AsUtf8(f, magic), path, startup, engine)
-            size = os.fstat(f.fileno()).st_size
+            try:
+                if shipping.looks_cri(head):  # its partial records are joined in file order: read forward
+                    return _from_stream(_Upto(f, size), path, startup, engine)
+                if magic[:2] == b"\x1f\x8b":
+                    return _from_stream(_Gunzip(_Upto(f, size), size), path, startup, engine)
+                if magic[:2] in (b"\xff\xfe", b"\xfe\xff") or _looks_utf16(magic):
+                    return _from_stream(_Utf16AsUtf8(_Upto(f, size), magic), path, startup, engine)
+            except LogReadError as exc:
+                if exc.code == "bomb":
+                    exc = LogReadError("bomb", "{}: {}".format(path, exc))
+                if exc.code in ("binary", "bomb"):
+                    _remember_refusal(st, exc)
+                raise exc from None
             if size == 0:
                 raise LogReadError("empty", "{}: the file is empty".format(path))
             src = _Blocks(f, size)
@@ -162,6 +177,39 @@ def read_log(path: str, startup: int = -1, count_lines: bool = False, engine: st
         raise LogReadError("unreadable", "{}: permission denied (run as a user who can read it)".format(path)) from None
     except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
         raise LogReadError("unreadable", "{}: cannot read: {}".format(path, _one_line(exc))) from None
+
+
+_KINDS = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
+# Files refused as not text (binary, a decompression bomb), by identity and version: serve and record look at
+# the same rotated files again and again, and a refusal costs a read. Bounded: the oldest go first.
+_REFUSED: "Dict[Tuple[int, int, int, int], Tuple[str, str]]" = {}
+MAX_REFUSED = 256
+
+
+def _identity(st: os.stat_result) -> Tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _remember_refusal(st: os.stat_result, exc: "LogReadError") -> None:
+    if len(_REFUSED) >= MAX_REFUSED:
+        _REFUSED.pop(next(iter(_REFUSED)))
+    _REFUSED[_identity(st)] = (exc.code, str(exc))
+
+
+class _Upto:
+    """The first ``size`` bytes of a file: its size when opened, so a log that grows while it is read (a
+    runtime writing 100 MB/s into a CRI file) ends where it ended then."""
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        self._f = f
+        self._left = size
+
+    def read(self, n: int) -> bytes:
+        if self._left <= 0:
+            return b""
+        data = self._f.read(min(n, self._left))
+        self._left -= len(data)
+        return data
 
 
 def _check_path(path: str) -> None:
@@ -206,31 +254,48 @@ def _looks_utf16(head: bytes) -> bool:
     return little or big
 
 
+# A rotated log compresses 10–50×; what inflates past this many times its size, or past the floor for small
+# files, is refused (a .gz of 4 GiB of zeros is 4 MiB).
+MAX_INFLATE_RATIO = 100
+MIN_INFLATE_CAP = 64 << 20
+
+
 class _Gunzip:
     """gzip decompressed piece by piece (every member of a concatenated file): a file cut short
     yields what was decompressed before the cut and then says so, instead of losing it all."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, compressed: int = 0) -> None:
         self._f = f
         self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._pending = b""  # input not yet inflated (each call inflates at most n bytes)
+        self._out = 0
+        self._cap = max(MIN_INFLATE_CAP, compressed * MAX_INFLATE_RATIO)
 
     def read(self, n: int) -> bytes:
         out = b""
         while not out:
-            raw = self._f.read(64 << 10)
-            if not raw:
-                if not self._d.eof and (self._d.unconsumed_tail or self._d.unused_data == b""):
-                    tail = self._d.flush()
-                    if tail:
-                        return tail
-                    raise EOFError("the gzip stream is cut short")
-                return b""
-            out = self._d.decompress(raw)
-            while self._d.eof and self._d.unused_data:  # the next member of a concatenated .gz
-                rest = self._d.unused_data
+            if not self._pending:
+                self._pending = self._f.read(64 << 10)
+                if not self._pending:
+                    return self._end()
+            out = self._d.decompress(self._pending, n)
+            self._pending = self._d.unconsumed_tail
+            if self._d.eof and self._d.unused_data:  # the next member of a concatenated .gz
+                self._pending = self._d.unused_data + self._pending
                 self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                out += self._d.decompress(rest)
+        self._out += len(out)
+        if self._out > self._cap:
+            raise LogReadError("bomb", "this .gz inflates past {:,} MiB ({}× its size): a decompression bomb, not a "
+                               "rotated log".format(self._cap >> 20, MAX_INFLATE_RATIO))
         return out
+
+    def _end(self) -> bytes:
+        if not self._d.eof and (self._d.unconsumed_tail or self._d.unused_data == b""):
+            tail = self._d.flush()
+            if tail:
+                return tail
+            raise EOFError("the gzip stream is cut short")
+        return b""
 
 
 class _Utf16AsUtf8:
@@ -376,6 +441,13 @@ def _last_record(buf: bytes, splitter: Optional[Callable[[bytes, int, int], Iter
     return max(splitter(buf, max(1, since), len(buf)), default=0)
 
 
+BINARY_SNIFF_BYTES = 64 << 10
+
+
+class _NotText(Exception):
+    """A stream whose first bytes are mostly NUL (/dev/zero piped in, a disk image): refused at once."""
+
+
 class _LineBlocks:
     """A stream in blocks of whole lines (the last may lack its newline); after iterating, ``size``,
     ``saw_nul`` and ``notes`` (a stream cut short) say what was read."""
@@ -413,6 +485,9 @@ class _LineBlocks:
             yield self._seen(carry)
 
     def _seen(self, block: bytes) -> bytes:
+        head = block[:BINARY_SNIFF_BYTES]
+        if self.size == 0 and head.count(b"\x00") * 2 > len(head):  # mostly NUL from the start: never a log
+            raise _NotText()
         self.saw_nul = self.saw_nul or b"\x00" in block[:8192]
         self.size += len(block)
         return block
@@ -422,7 +497,10 @@ def _from_stream(stream: BinaryIO, source: str, which: int, engine: str = "auto"
     sinks = _sinks(engine, which)  # memory stays flat however many startups stream past
     reader = _LineBlocks(stream, _splitter(sinks))
     blocks = iter(reader)
-    first = next(blocks, b"")
+    try:
+        first = next(blocks, b"")
+    except _NotText:
+        raise LogReadError("binary", "{}: this is not a text log (it begins with NUL bytes)".format(source)) from None
     everything = itertools.chain((first,), blocks)
     if shipping.looks_cri(first[:CRI_SNIFF_BYTES]):
         notes = _scan_cri(everything, sinks)
