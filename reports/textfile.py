@@ -2,22 +2,34 @@
 
 ``record`` runs as root from cron, and prometheus-client writes a textfile by renaming a new file over the
 path it is given. A typo in ``--prom-file`` (another exporter's ``smartmon.prom`` in the same directory, a
-symlink someone made, a FIFO) would then replace what is not ours. So, as for ``--db``'s history
-(agent/history/store.py), only our own file is ever replaced: a path that does not exist, an empty file, or
-a regular file whose every metric is a ``kvforensics_`` one. Anything else is refused before sampling and
-again just before writing, in one line, and left exactly as it was. Only a regular file is ever opened (a
-FIFO would block, a device may act on open).
+symlink someone made, a FIFO, an empty lock file) would then replace what is not ours. So, as for ``--db``'s
+history (agent/history/store.py), only a file that is provably ours is ever replaced: a path that does not
+exist, or a regular file that begins with our own header line (HEADER, written by every run) and holds only
+``kvforensics_`` metrics. A file written before the header existed counts as ours when it declares
+``kvforensics_`` metrics (``# HELP kvforensics_…``) and holds no other; an empty file, or one of comments
+only, is not. Anything else is refused before sampling and again just before writing, in one line, and left
+exactly as it was. Only a regular file is ever opened (a FIFO would block, a device may act on open).
+
+Writing is ours too: the text goes into ``PATH.kvforensics-tmp.<random>`` (O_EXCL, never a link, not
+``*.prom`` so node_exporter never reads it half-written), then is renamed over PATH. A temporary a killed run
+left is removed by a later run only when its name is exactly that shape, it is a regular file of ours and it
+begins with HEADER: never by guessing from a PID in another program's file name.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import stat
 from typing import Any, Optional
 
 from agent.history.filekind import kind_of
 
 PREFIX = "kvforensics_"
+HEADER = "# kvforensics textfile: written by `kvforensics record`; replaced on every run, do not edit"
+TEMP_MARK = ".kvforensics-tmp."
+STALE_TEMP_S = 600  # a temporary older than this is a killed run's, not a run still writing
 # What a textfile of ours can weigh: a few KB per engine and GPU. A bigger file is not one we wrote.
 MAX_OURS_BYTES = 4 << 20
 
@@ -40,12 +52,15 @@ def claim(path: str) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise _refuse(path, "is " + kind_of(st.st_mode))
     if st.st_size == 0:
-        return
+        raise _refuse(path, "is an empty file (another program's, or a lock file)")
     if st.st_size > MAX_OURS_BYTES:
         raise _refuse(path, "is larger ({:,} bytes) than any textfile kvforensics writes".format(st.st_size))
-    foreign = _foreign_metric(_read_regular(path))
+    data = _read_regular(path)
+    foreign = _foreign_metric(data)
     if foreign is not None:
         raise _refuse(path, foreign)
+    if not (data.startswith(HEADER.encode() + b"\n") or b"# HELP " + PREFIX.encode() in data):
+        raise _refuse(path, "holds no kvforensics metric (comments only)")
 
 
 def _read_regular(path: str) -> bytes:
@@ -88,20 +103,55 @@ def _foreign_metric(data: bytes) -> Optional[str]:
 
 
 def write(path: str, reg: Any) -> None:
-    """Our textfile, if ``path`` is ours to replace (claim), written atomically: prometheus-client writes
-    ``PATH.<pid>.<thread>`` and renames it into place. A run killed inside that window leaves its temporary
-    file: the next run removes any whose writer is gone."""
-    import glob
-    import re
-
-    from prometheus_client import write_to_textfile
+    """Our textfile, if ``path`` is ours to replace (claim): HEADER and the registry's exposition, written into
+    a fresh temporary beside it and renamed into place; stale temporaries of ours removed first."""
+    from prometheus_client.exposition import generate_latest
 
     claim(path)
-    for stale in glob.glob(glob.escape(path) + ".*"):
-        m = re.match(re.escape(path) + r"\.(\d+)\.\d+$", stale)
-        if m and not os.path.exists("/proc/{}".format(m.group(1))):
+    _remove_stale_temporaries(path)
+    text = HEADER.encode() + b"\n" + (generate_latest(reg) if reg is not None else b"")
+    folder, name = os.path.split(os.path.abspath(path))
+    temp = os.path.join(folder, name + TEMP_MARK + secrets.token_hex(8))
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            os.fchmod(fd, 0o644)  # node_exporter runs as its own user: it must read what root wrote
+            view = memoryview(text)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        claim(path)  # again, just before the rename: another program may have put its file there meanwhile
+        os.rename(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def _remove_stale_temporaries(path: str) -> None:
+    """Temporaries a killed run of ours left beside ``path``: exactly our name shape, a regular file of ours,
+    older than STALE_TEMP_S, beginning with HEADER. Anything else is left alone, whoever wrote it."""
+    import glob
+    import time
+
+    pattern = re.compile(re.escape(os.path.basename(path) + TEMP_MARK) + r"[0-9a-f]{16}$")
+    for stale in glob.glob(glob.escape(path) + glob.escape(TEMP_MARK) + "*"):
+        if not pattern.match(os.path.basename(stale)):
+            continue
+        try:
+            st = os.lstat(stale)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or time.time() - st.st_mtime < STALE_TEMP_S:
+                continue
+            fd = os.open(stale, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
             try:
+                head = os.read(fd, len(HEADER) + 1)
+            finally:
+                os.close(fd)
+            if head == HEADER.encode() + b"\n":
                 os.unlink(stale)
-            except OSError:
-                pass
-    write_to_textfile(path, reg)
+        except OSError:
+            continue

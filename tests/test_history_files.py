@@ -445,14 +445,34 @@ def test_what_is_not_our_textfile_is_refused_before_sampling_and_left_as_it_is(t
     assert not (tmp_path / "h.db").exists()  # refused before sampling: no history either
 
 
-def test_our_own_textfile_and_an_empty_file_are_replaced(tmp_path, replay):
+def test_only_a_file_that_is_provably_ours_is_replaced(tmp_path, replay):
+    """What record writes begins with its header and is replaced by the next run; a textfile an older
+    release wrote (kvforensics_ metrics declared, no header) is ours too; a missing path is made."""
+    from reports.textfile import HEADER
+
     prom = tmp_path / "k.prom"
-    prom.write_text("")
     code, _, err = record(tmp_path / "h.db", "--prom-file", str(prom))
     first = prom.read_text()
-    assert code in (0, 3) and "kvforensics_" in first and "left as it is" not in err, err
+    assert code in (0, 3) and first.startswith(HEADER + "\n") and "kvforensics_" in first, err
+    assert oct(prom.stat().st_mode & 0o777) == oct(0o644)
     code, _, err = record(tmp_path / "h.db", "--prom-file", str(prom))  # what record wrote is ours
-    assert code in (0, 3) and "left as it is" not in err and "kvforensics_" in prom.read_text()
+    assert code in (0, 3) and "left as it is" not in err and prom.read_text().startswith(HEADER)
+    prom.write_text("# HELP kvforensics_up Whether the last record run sampled.\n# TYPE kvforensics_up gauge\n"
+                    "kvforensics_up 1\n")  # an older release's file
+    code, _, err = record(tmp_path / "h.db", "--prom-file", str(prom))
+    assert code in (0, 3) and "left as it is" not in err and prom.read_text().startswith(HEADER)
+
+
+@pytest.mark.parametrize("text,words", [
+    ("", "is an empty file (another program's, or a lock file)"),
+    ("# a lock held by backup.sh\n# pid 4242\n", "holds no kvforensics metric (comments only)"),
+    ("# hosts.allow: list of hosts that are allowed to access the system\n", "holds no kvforensics metric"),
+])
+def test_an_empty_or_comments_only_file_is_not_ours(tmp_path, replay, text, words):
+    prom = tmp_path / "k.prom"
+    prom.write_text(text)
+    code, out, err = record(tmp_path / "h.db", "--prom-file", str(prom))
+    assert code == 2 and words in err and "it was left as it is" in err and prom.read_text() == text
 
 
 def test_a_textfile_swapped_for_another_during_the_run_is_not_replaced(tmp_path, monkeypatch):

@@ -536,12 +536,26 @@ def test_a_read_only_history_is_one_clear_line(node, tmp_path):
     assert code == 2 and "cannot write the history" in err and "Traceback" not in err
 
 
-def test_a_killed_writer_leaves_no_temp_file_behind(node, tmp_path):
+def test_a_killed_writers_temporary_is_removed_and_nothing_else(node, tmp_path):
+    """Ours by exact name and header, and old enough: removed. A file in prometheus-client's PATH.<pid>.<n>
+    shape (another program's), a temporary without our header, and a fresh one (a run still writing) stay."""
+    from reports.textfile import HEADER, STALE_TEMP_S, TEMP_MARK
+
     prom = tmp_path / "k.prom"
-    stale = tmp_path / "k.prom.999999999.1"  # a writer that no longer exists
-    stale.write_text("half")
+    old = time.time() - STALE_TEMP_S - 60
+    ours = tmp_path / ("k.prom" + TEMP_MARK + "0123456789abcdef")
+    ours.write_text(HEADER + "\nkvforensics_up 1\n")
+    theirs = tmp_path / "k.prom.999999999.1"  # a PID that is not running: still not ours to delete
+    theirs.write_text("half")
+    headless = tmp_path / ("k.prom" + TEMP_MARK + "fedcba9876543210")
+    headless.write_text("kvforensics_up 1\n")
+    fresh = tmp_path / ("k.prom" + TEMP_MARK + "00000000000000aa")
+    fresh.write_text(HEADER + "\n")
+    for p in (ours, theirs, headless):
+        os.utime(str(p), (old, old))
     _record(tmp_path / "h.db", prom)
-    assert prom.exists() and not stale.exists()
+    assert prom.read_text().startswith(HEADER) and not ours.exists()
+    assert theirs.read_text() == "half" and headless.exists() and fresh.exists()
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
