@@ -33,7 +33,7 @@ from collectors.plugin import ENGINES
 from collectors.redact import redact_text
 
 NAME = "engine_log"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:\-]{0,200}$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:\-]{0,200}\Z")
 COMMAND_TIMEOUT_S = 15
 MAX_STREAM_LINES = 2_000_000  # bounds a journal or container log read backwards/forwards
 

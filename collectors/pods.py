@@ -26,14 +26,14 @@ CONTAINERS_DIR = "/var/log/containers"
 # What Kubernetes accepts (apimachinery validation): a namespace and a container name are DNS-1123
 # labels, a pod name a DNS-1123 subdomain. Validating --log k8s:… against them also keeps any path
 # separator, glob character or leading "-" out of the paths built from them.
-_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
-_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
-_LINK = re.compile(r"^([a-z0-9.-]+)_([a-z0-9-]+)_([a-z0-9-]+)-([0-9a-f]{64})\.log$")
+_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
+_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?\Z")
+_LINK = re.compile(r"^([a-z0-9.-]+)_([a-z0-9-]+)_([a-z0-9-]+)-([0-9a-f]{64})\.log\Z")
 # A pod UID is a UUID; a static pod's is the 32-hex hash of its manifest.
 _POD_DIR = re.compile(r"^([a-z0-9-]+)_([a-z0-9.-]+)_([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-                      r"|[0-9a-f]{32})$")
-_CURRENT = re.compile(r"^([0-9]{1,9})\.log$")
-_ROTATED = re.compile(r"^([0-9]{1,9})\.log\.([0-9]{8}-[0-9]{6})(\.gz)?$")
+                      r"|[0-9a-f]{32})\Z")
+_CURRENT = re.compile(r"^([0-9]{1,9})\.log\Z")
+_ROTATED = re.compile(r"^([0-9]{1,9})\.log\.([0-9]{8}-[0-9]{6})(\.gz)?\Z")
 
 
 class PodLogError(LookupError):

@@ -15,10 +15,12 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 import time
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -112,10 +114,12 @@ def reached_pod(obj: Any, target: PodTarget) -> Optional[Dict[str, Any]]:
     if not isinstance(uid, str) or not 0 < len(uid) <= 64:
         return None
     spec, status = obj.get("spec"), obj.get("status")
-    names = [c.get("name") for c in (spec.get("containers") if isinstance(spec, dict) else None) or ()
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    names = [c.get("name") for c in (containers if isinstance(containers, list) else ())
              if isinstance(c, dict) and isinstance(c.get("name"), str) and len(c["name"]) <= 63]
     notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    default = notes.get(_DEFAULT_CONTAINER) if notes.get(_DEFAULT_CONTAINER) in names else (names[0] if names else None)
+    named = notes.get(_DEFAULT_CONTAINER)
+    default = named if isinstance(named, str) and named in names else (names[0] if names else None)
     qos = status.get("qosClass") if isinstance(status, dict) else None
     return {"namespace": target.namespace, "name": target.pod, "uid": uid,
             "container": target.container or default, "qos": _QOS.get(qos) if isinstance(qos, str) else None}
@@ -127,7 +131,7 @@ def get_pod(target: PodTarget, context: Optional[str], deadline: float) -> Optio
     try:
         code, out, _ = _run(get_argv(target, context), b"", deadline)
         return reached_pod(json.loads(out.decode("utf-8", "replace")), target) if code == 0 else None
-    except (KubectlError, ValueError):
+    except (KubectlError, ValueError, RecursionError):  # RecursionError: JSON nested past Python's stack
         return None
 
 
@@ -153,29 +157,89 @@ def _left(deadline: float) -> float:
     return left
 
 
-def _run(argv: List[str], stdin: bytes, deadline: float) -> Tuple[int, bytes, bytes]:
-    """kubectl with ``stdin`` (fed by a thread), its stdout read here at most MAX_STDOUT_BYTES, killed at the
-    deadline."""
-    with tempfile.TemporaryFile() as err:
+class _Kubectl:
+    """One kubectl process in a session (process group) of its own, so that the deadline, Ctrl-C or SIGTERM
+    kills it and whatever it forked (a wrapper script's child); its stderr kept to MAX_STDERR_BYTES in memory
+    (nothing spooled to /tmp), the rest read and dropped. None is started once the deadline has passed."""
+
+    def __init__(self, argv: List[str], stdin: Any, deadline: float) -> None:
+        left = _left(deadline)
+        if _STOPPING.is_set():  # Ctrl-C or SIGTERM: no new kubectl (a worker would try --previous next)
+            raise KubectlError("error", "kubectl.interrupted", "interrupted before kubectl {} ran".format(argv[1]))
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+            self.proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True)
         except OSError as exc:
             raise _cannot_run(exc) from None
-        expired = threading.Event()
-        timer = threading.Timer(_left(deadline), lambda: (expired.set(), proc.kill()))
-        timer.start()
-        threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
-        try:
-            out = _read_bounded(proc)
-        finally:
-            timer.cancel()
-            proc.kill()  # no-op once it exited; stops one that printed too much
-            proc.wait()
-        if expired.is_set():
+        _LIVE.add(self.proc)
+        self.expired = threading.Event()
+        self._err = bytearray()
+        self._dropped = False
+        self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._reader.start()
+        self._timer = threading.Timer(left, self._expire)
+        self._timer.start()
+
+    def _expire(self) -> None:
+        self.expired.set()
+        kill_group(self.proc)
+
+    def _drain_stderr(self) -> None:
+        """Its first and last MAX_STDERR_BYTES / 2: kubectl's own error comes last, after whatever flooded."""
+        assert self.proc.stderr is not None
+        half = MAX_STDERR_BYTES // 2
+        tail = bytearray()
+        for chunk in iter(lambda: self.proc.stderr.read1(1 << 16), b""):  # type: ignore[union-attr]
+            room = half - len(self._err)
+            if room > 0:
+                self._err += chunk[:room]
+                chunk = chunk[room:]
+            tail += chunk
+            del tail[:max(0, len(tail) - half)]
+            self._dropped = self._dropped or len(tail) == half
+        self._err += (b"\n" if self._dropped else b"") + tail
+
+    def finish(self, what: str) -> Tuple[int, str]:
+        """Stop it (a no-op once it exited), reap it; (exit status, stderr made printable)."""
+        self._timer.cancel()
+        kill_group(self.proc)
+        self.proc.wait()
+        self._reader.join(timeout=5)
+        _LIVE.discard(self.proc)
+        if self.expired.is_set():
             raise KubectlError("unreachable", "kubectl.timeout", "deadline reached while kubectl {} ran "
-                               "(--timeout)".format(argv[1]))
-        err.seek(0)
-        return proc.returncode, out, err.read(MAX_STDERR_BYTES)
+                               "(--timeout)".format(what))
+        return self.proc.returncode, printable(bytes(self._err).decode("utf-8", "replace"))
+
+
+_LIVE: "set" = set()  # every kubectl running now, for Ctrl-C and SIGTERM (run)
+_STOPPING = threading.Event()  # set by run on Ctrl-C or SIGTERM: no kubectl starts after it
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def printable(text: str) -> str:
+    """kubectl's (or a wrapper's) words with control characters, ESC and OSC sequences among them, taken out:
+    they reach the terminal and the one-line rows otherwise."""
+    return "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf"))
+
+
+def _run(argv: List[str], stdin: bytes, deadline: float) -> Tuple[int, bytes, str]:
+    """kubectl with ``stdin`` (fed by a thread), its stdout read here at most MAX_STDOUT_BYTES, killed with its
+    process group at the deadline."""
+    k = _Kubectl(argv, subprocess.PIPE, deadline)
+    threading.Thread(target=_feed, args=(k.proc, stdin), daemon=True).start()
+    out = b""
+    try:
+        out = _read_bounded(k.proc)
+    finally:
+        code, err = k.finish(argv[1])
+    return code, out, err
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:
@@ -198,9 +262,18 @@ def _read_bounded(proc: subprocess.Popen) -> bytes:
     return bytes(out)
 
 
+MAX_SAID = 300  # of kubectl's last line, in a one-line error
+
+
+def _said(stderr: str, none: str = "no message") -> str:
+    """kubectl's last line, at most MAX_SAID characters."""
+    last = " ".join(stderr.strip().splitlines()[-1:]) or none
+    return last if len(last) <= MAX_SAID else last[:MAX_SAID - 1] + "…"
+
+
 def classify(returncode: int, stderr: str, target: PodTarget) -> KubectlError:
     """kubectl's failure as one line: the pod missing, exec forbidden, no python3 in the image, or as it said."""
-    last = " ".join(stderr.strip().splitlines()[-1:]) or "no message"
+    last = _said(stderr)
     if "(NotFound)" in stderr or "not found" in stderr and "pods" in stderr and "python3" not in stderr:
         return KubectlError("unreachable", "kubectl.pod_not_found", "pod {} not found: {}".format(target.label, last))
     if "(Forbidden)" in stderr or "forbidden" in stderr.lower():
@@ -215,37 +288,26 @@ def classify(returncode: int, stderr: str, target: PodTarget) -> KubectlError:
 
 def probe_pod(target: PodTarget, context: Optional[str], probe: probe_mod.Probe, deadline: float) -> Dict[str, Any]:
     """The verified snapshot from inside the pod."""
-    code, out, err = _run(exec_argv(target, context), probe.script, deadline)
-    stderr = err.decode("utf-8", "replace")
+    code, out, stderr = _run(exec_argv(target, context), probe.script, deadline)
     if code != 0 and probe_mod.MARKER.encode() not in out:
         raise classify(code, stderr, target)
     try:
         return probe_mod.parse_answer(out, probe)
     except probe_mod.ProbeError as exc:
         raise KubectlError("error", exc.code, "{}: {} (exit {}; {})".format(
-            target.label, exc.message, code, " ".join(stderr.strip().splitlines()[-1:]) or "no stderr")) from None
+            target.label, exc.message, code, _said(stderr, "no stderr"))) from None
 
 
 def _stream_log(argv: List[str], path: str, deadline: float) -> Tuple[int, bool, str]:
     """``kubectl logs`` streamed into ``path``, at most MAX_LOG_BYTES, killed at the deadline: (exit, cut, stderr)."""
-    with open(path, "wb") as out, tempfile.TemporaryFile() as err:
+    with open(path, "wb") as out:
+        k = _Kubectl(argv, subprocess.DEVNULL, deadline)
+        cut = False
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
-        except OSError as exc:
-            raise _cannot_run(exc) from None
-        expired = threading.Event()
-        timer = threading.Timer(max(0.0, deadline - time.monotonic()), lambda: (expired.set(), proc.kill()))
-        timer.start()
-        try:
-            cut = _copy(proc, out)
+            cut = _copy(k.proc, out)
         finally:
-            timer.cancel()
-            proc.kill()  # no-op once it exited; stops one cut short
-            proc.wait()
-        if expired.is_set():
-            raise KubectlError("unreachable", "kubectl.timeout", "deadline reached while kubectl logs ran (--timeout)")
-        err.seek(0)
-        return proc.returncode, cut, err.read(MAX_STDERR_BYTES).decode("utf-8", "replace")
+            code, err = k.finish("logs")
+        return code, cut, err
 
 
 def _copy(proc: subprocess.Popen, out: Any) -> bool:
@@ -324,6 +386,11 @@ def collect_one(name: str, context: Optional[str], probe: probe_mod.Probe, optio
     except KubectlError as exc:
         return PodResult(target=name, status=exc.status, snapshot=None, problem=(exc.code, exc.message),
                          duration_s=time.monotonic() - start)
+    except (TypeError, AttributeError, KeyError, IndexError, RecursionError, UnicodeError) as exc:
+        # what kubectl printed had a shape no pod object or probe answer has: this pod's error, not the run's
+        return PodResult(target=name, status="error", snapshot=None,
+                         problem=("kubectl.malformed", "{}: kubectl printed what is not a pod's answer ({})".format(
+                             name, type(exc).__name__)), duration_s=time.monotonic() - start)
 
 
 def _engine(snap: Dict[str, Any]) -> str:
@@ -340,5 +407,38 @@ def run(names: Sequence[str], context: Optional[str], options: Dict[str, Any], t
         parallel: int) -> List[PodResult]:
     """Every pod's result, in the order given."""
     probe = probe_mod.build(dict(options, time_limit_s=timeout_s))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names)))) as pool:
-        return list(pool.map(lambda n: collect_one(n, context, probe, options, timeout_s), names))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names))))
+    _STOPPING.clear()
+    previous = _on_sigterm()
+    futures: List[concurrent.futures.Future] = []
+    try:
+        futures = [pool.submit(collect_one, n, context, probe, options, timeout_s) for n in names]
+        return [f.result() for f in futures]
+    except BaseException:  # Ctrl-C, SIGTERM: the pods not begun are dropped, every kubectl and its children
+        _STOPPING.set()  # killed now; the workers then end and remove their temporary folders
+        for future in futures:
+            future.cancel()
+        for proc in list(_LIVE):
+            kill_group(proc)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a run: ended like Ctrl-C, after the kubectl processes are killed and /tmp is clean."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    if not _STOPPING.is_set():  # once: a second SIGTERM must not cut the cleanup short
+        raise Terminated()
+
+
+def _on_sigterm() -> Any:
+    """SIGTERM raises Terminated in the main thread for the length of a run (the default would exit without
+    killing kubectl or removing its folders); the handler it replaces, or None off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)

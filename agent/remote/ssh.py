@@ -73,7 +73,7 @@ class HostSpec:
         return self.hostname if self.port == 22 else "[{}]:{}".format(self.hostname, self.port)
 
 
-_HOSTNAME = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|[0-9A-Fa-f:.]+(?:%\w+)?)$")
+_HOSTNAME = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|[0-9A-Fa-f:.]+(?:%\w+)?)\Z")
 
 
 def _port(text: str, where: str) -> int:

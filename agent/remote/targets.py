@@ -20,12 +20,43 @@ def expand_targets(names: Sequence[str]) -> List[str]:
     """Host ranges expanded here, as pdsh and bash would (so a cron line or /bin/sh, where braces
     do not expand, still works): ``gpu-[01-64]``, ``gpu-[1-3,7]``, ``gpu-{01..64}``, ``{a,b}-node``.
     Zero padding follows the range's first bound. ValueError names a bad pattern."""
+    total = 0
+    for name in names:  # counted before anything is expanded: n[0-9999][0-9999] is 10^8 names, not 20,000
+        total += _size(name)
+        if total > MAX_EXPANDED_HOSTS:
+            raise ValueError("more than {:,} hosts after expanding ranges".format(MAX_EXPANDED_HOSTS))
     out: List[str] = []
     for name in names:
         out.extend(_expand(name))
-        if len(out) > MAX_EXPANDED_HOSTS:
-            raise ValueError("more than {:,} hosts after expanding ranges".format(MAX_EXPANDED_HOSTS))
     return out
+
+
+def _size(name: str) -> int:
+    """How many names ``name`` expands to, without expanding it (stops counting past the cap)."""
+    count = 1
+    while count <= MAX_EXPANDED_HOSTS:
+        m = _BRACKETS.search(name) or _BRACES.search(name)
+        if m is None:
+            return count
+        body = m.group(1)
+        if m.group(0).startswith("["):
+            sizes = [_range_size(part, "-", name) for part in body.split(",")]
+        elif ".." in body:
+            sizes = [_range_size(body, "..", name)]
+        else:
+            sizes = [1 for _ in body.split(",")]
+        count *= sum(sizes)
+        name = name[:m.start()] + "0" + name[m.end():]  # one of its items: the rest counts the same for each
+    return count
+
+
+def _range_size(part: str, sep: str, name: str) -> int:
+    if sep not in part:
+        return 1
+    lo, _, hi = part.partition(sep)
+    if not (lo.isdigit() and hi.isdigit()) or len(lo) > 9 or len(hi) > 9:
+        raise ValueError("{!r}: a range is two numbers, like 01{}64".format(name, sep))
+    return abs(int(hi) - int(lo)) + 1
 
 
 def _expand(name: str) -> List[str]:
