@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_fleet.py
 	$(BIN)/python bench/bench_record.py
 	$(BIN)/python bench/bench_hostile.py
+	$(BIN)/python bench/bench_serve_slow_clients.py
 	$(BIN)/python bench/bench_perf.py
 	$(BIN)/python bench/bench_dict_lines.py
 

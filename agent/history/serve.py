@@ -27,6 +27,7 @@ from agent.model.records import Options
 
 HEALTH_INTERVALS = 3  # /healthz: the last good look is at most this many --min-interval old ...
 HEALTH_FLOOR_S = 30.0  # ... or this many seconds, whichever is longer (--min-interval 0 samples every scrape)
+LATE_S = 15.0  # a look in progress this long is late: /healthz says so (a stuck collector)
 
 
 class Skip(Exception):
@@ -63,51 +64,64 @@ class Sampler:
         self._min_interval_s = min_interval_s
         self._log = log
         self._clock = clock
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._payload: Any = None
         self._looked_at: Optional[float] = None  # the last attempt, skipped or not: paces the next
         self._ok_at: Optional[float] = None  # the last look that collected something
         self._trouble: Optional[str] = None  # why the last attempt did not succeed, if it did not
         self._closed = False  # shutting down: no new look (none may start after the last history write)
+        self._busy_since: Optional[float] = None  # when the look in progress began
         self.looks = 0  # looks taken (each a sample in the history)
         self.generation = 0  # attempts finished: a scrape that waited for one shares it
 
-    def current(self) -> Any:
-        """The payload to serve (None before any look succeeded), looking again when the last look
-        is older than the minimum interval and no other scrape looked while this one waited."""
-        seen = self.generation
-        with self._lock:
-            if self.generation == seen and self._due() and not self._closed:
-                self._attempt()
+    def current(self, wait_s: Optional[float] = None) -> Any:
+        """The payload to serve (None before any look succeeded), looking again when the last look is older
+        than the minimum interval. The look runs in a thread of its own; a scrape waits for the look in
+        progress (its own or another's, and shares it) at most ``wait_s`` (None: as long as it takes), then
+        is answered from the last payload, and ``health`` says the look is late: a collector that never
+        returns blocks no scrape and no probe."""
+        with self._cond:
+            seen = self.generation
+            if self._busy_since is None and self._due() and not self._closed:
+                self._looked_at = self._busy_since = self._clock()
+                threading.Thread(target=self._attempt, name="kvforensics-look", daemon=True).start()
+            if self._busy_since is not None:
+                self._cond.wait_for(lambda: self.generation != seen, timeout=wait_s)
             return self._payload
 
-    def close(self) -> None:
-        """Wait for a look in progress (its history write finishes), then take no more."""
-        with self._lock:
+    def close(self, wait_s: float = 10.0) -> None:
+        """Take no more looks, and wait for one in progress (its history write finishes) at most ``wait_s``: a
+        look stuck in a collector must not keep SIGTERM from stopping the server."""
+        with self._cond:
             self._closed = True
+            self._cond.wait_for(lambda: self._busy_since is None, timeout=wait_s)
 
     def _due(self) -> bool:
         return self._looked_at is None or self._clock() - self._looked_at >= self._min_interval_s
 
     def _attempt(self) -> None:
-        self._looked_at = self._clock()
+        """One look, outside the lock; what it found is published under it."""
+        trouble: Optional[str] = None
+        look: Optional[Look] = None
         try:
             look = self._take()
         except Skip as exc:
-            self._note("skipped a sample{}: {}".format(", serving the last one" if self._payload is not None else "",
-                                                        exc))
+            trouble = "skipped a sample{}: {}".format(", serving the last one" if self._payload is not None else "",
+                                                      exc)
         except Exception as exc:  # noqa: BLE001 - a failed look must not take the server down
-            self._note("sample failed: {}".format(str(exc) or type(exc).__name__))
-        else:
-            self.looks += 1
-            self._payload = look.payload
-            if look.collected:
-                self._ok_at = self._clock()
-                self._note(None)
-            else:
-                self._note("sample collected nothing on this node (no GPU, no engine, no host memory)")
-        finally:
+            trouble = "sample failed: {}".format(str(exc) or type(exc).__name__)
+        with self._cond:
+            if look is not None:
+                self.looks += 1
+                self._payload = look.payload
+                if look.collected:
+                    self._ok_at = self._clock()
+                else:
+                    trouble = "sample collected nothing on this node (no GPU, no engine, no host memory)"
+            self._note(trouble)
+            self._busy_since = None
             self.generation += 1
+            self._cond.notify_all()
 
     def _note(self, trouble: Optional[str]) -> None:
         """One line on stderr when the state changes, not one per scrape."""
@@ -116,6 +130,10 @@ class Sampler:
         self._trouble = trouble
 
     def health(self, window_s: float) -> Health:
+        busy = self._busy_since
+        if busy is not None and self._clock() - busy > LATE_S:
+            return Health(False, "the sample is late: a look began {:.0f} s ago and has not finished (a collector "
+                          "is stuck: NVML, /proc or the engine's log)".format(self._clock() - busy))
         if self._ok_at is None:
             return Health(False, "no successful sample yet{}".format(
                 " ({})".format(self._trouble) if self._trouble else ""))
