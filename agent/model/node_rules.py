@@ -228,10 +228,10 @@ def margin_words(options: Any) -> str:
 
 def pressure(ctx: "Context", h: Headroom) -> str:
     """Evidence that memory runs short under load, which alone justifies a smaller KV budget: a low-water mark
-    below the margin measured over a recorded history (``is_measured``), or what the engine's log shows
-    (an out-of-memory error while serving, a negative free figure, the engine's own warning: its analysis'
-    ``memory_pressure``). One look at NVML, or thin headroom in a startup log, is not: a server that reached
-    ready with little free memory is working as sized, and is watched (``record``), not cut."""
+    below the margin measured over a recorded history (``is_measured``), or what the engine's log shows (its
+    analysis' ``memory_pressure``: today an out-of-memory error after the engine was ready, SGLang's and
+    vLLM's). One look at NVML, or thin headroom in a startup log, is not: a server that reached ready with
+    little free memory is working as sized, and is watched (``record``), not cut."""
     if h.measured and h.free_bytes < ctx.options.margin_bytes:
         return "the low-water mark, {}".format(h.how)
     a = ctx.analysis
@@ -428,12 +428,12 @@ def _since_startup(ctx: "Context", h: Headroom, lead: str) -> str:
         return ""
     now = "now" if not h.measured else "at the low-water mark"
     if logged < h.free_bytes:
-        return "{}the log had {} free after startup: {} more is free {}".format(
+        return "{}The log had {} free after startup: {} more is free {}.".format(
             lead, gib(logged), gib(h.free_bytes - logged), now)
     others = sum(p.used_bytes or 0 for p in g.processes if p.owner is not Owner.ENGINE)
     who = "other processes on it hold {}".format(gib(others)) if others else \
         "by the engine itself (its allocator keeps what serving used)"
-    return "{}the log had {} free after startup: {} taken since, {}".format(
+    return "{}The log had {} free after startup: {} taken since, {}.".format(
         lead, gib(logged), gib(logged - h.free_bytes), who)
 
 
@@ -446,7 +446,8 @@ def _free_words(h: Headroom) -> str:
 
 
 def _since_startup_short(ctx: "Context", h: Headroom) -> str:
-    """' (5.31 GiB after startup; the engine took 0.25 GiB since)': the same comparison, for the verdict."""
+    """' (5.31 GiB after startup, the engine took 0.25 GiB)': the same comparison, short, for the verdict (no
+    "; " inside: the verdict's proof is cut at those)."""
     a, g = ctx.analysis, h.gpu
     logged = a.headroom()[0] if a is not None and g is not None else None
     if logged is None or g is None or abs(logged - h.free_bytes) < SAME_FREE_BYTES:
