@@ -24,6 +24,7 @@ import secrets
 import stat
 from typing import Any, Optional
 
+from agent.history import fresh_file
 from agent.history.filekind import kind_of
 
 PREFIX = "kvforensics_"
@@ -112,24 +113,9 @@ def write(path: str, reg: Any) -> None:
     text = HEADER.encode() + b"\n" + (generate_latest(reg) if reg is not None else b"")
     folder, name = os.path.split(os.path.abspath(path))
     temp = os.path.join(folder, name + TEMP_MARK + secrets.token_hex(8))
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        try:
-            os.fchmod(fd, 0o644)  # node_exporter runs as its own user: it must read what root wrote
-            view = memoryview(text)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        claim(path)  # again, just before the rename: another program may have put its file there meanwhile
-        os.rename(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    # 0644: node_exporter runs as its own user and must read what root wrote; claimed again just before the
+    # rename, as another program may have put its file there meanwhile
+    fresh_file.replace(temp, path, text, 0o644, before_rename=lambda: claim(path))
 
 
 def _remove_stale_temporaries(path: str) -> None:

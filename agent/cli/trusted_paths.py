@@ -18,6 +18,8 @@ import stat
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from agent.history import fresh_file
+
 # Links followed while walking one path: the kernel's own limit (MAXSYMLINKS).
 MAX_LINKS = 40
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -170,25 +172,7 @@ def write_file(folder: Folder, name: str, text: str, mode: int = 0o644) -> str:
 
 
 def _replace(fd: int, name: str, data: bytes, mode: int) -> None:
-    temp = ".{}.{}.tmp".format(name, secrets.token_hex(6))
-    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode,
-                  dir_fd=fd)
-    try:
-        try:
-            os.fchmod(out, mode)  # whatever the umask
-            view = memoryview(data)
-            while view:
-                view = view[os.write(out, view):]
-            os.fsync(out)
-        finally:
-            os.close(out)
-        os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        try:
-            os.unlink(temp, dir_fd=fd)
-        except OSError:
-            pass
-        raise
+    fresh_file.replace(".{}.{}.tmp".format(name, secrets.token_hex(6)), name, data, mode, dir_fd=fd)
 
 
 def why_untrusted_file(path: str, root: str = "/") -> Optional[str]:
