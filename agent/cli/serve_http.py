@@ -82,19 +82,28 @@ def respond(endpoint: Endpoint, req: Request) -> Response:
 
 
 def _metrics(endpoint: Endpoint, req: Request) -> Response:
-    from prometheus_client.exposition import _bake_output
+    import gzip
+
+    from prometheus_client.exposition import choose_encoder, gzip_accepted
 
     registry = endpoint.sampler.current(SAMPLE_WAIT_S)
     if registry is None:  # no look has succeeded yet: nothing true to say, and an empty 200 would hide it
         return _text(503, "no sample yet: {}\n".format(endpoint.sampler.health(0).message))
+    # prometheus-client's own rendering, as its MetricsHandler and WSGI app do (exposition.py, 0.26): the
+    # encoder the Accept header asks for, the name[] filter, gzip when accepted
     try:
-        # prometheus-client's own rendering, as its MetricsHandler and WSGI app do (exposition.py, 0.26)
-        _, headers, body = _bake_output(registry, req.headers.get("accept"), req.headers.get("accept-encoding"),
-                                        req.params, False)
+        encoder, content_type = choose_encoder(req.headers.get("accept"))
+        if "name[]" in req.params:
+            registry = registry.restricted_registry(req.params["name[]"])
+        body = encoder(registry)
     except Exception as exc:  # noqa: BLE001 - an Accept it cannot encode ("openmetrics-text; version=x")
         return _text(406, "cannot answer Accept {!r}: {}\n".format(req.headers.get("accept", "")[:200],
                                                                   str(exc)[:200] or type(exc).__name__))
-    return 200, list(headers), body
+    headers = [("Content-Type", content_type)]
+    if gzip_accepted(req.headers.get("accept-encoding", "")):
+        body = gzip.compress(body)
+        headers.append(("Content-Encoding", "gzip"))
+    return 200, headers, body
 
 
 def _text(status: int, body: str) -> Response:
@@ -125,7 +134,6 @@ class Server:
         self._pool = _DaemonPool(WORKERS)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
-        self._started = threading.Event()
         self._stopped = threading.Event()
         self.open_connections = 0
         self._waiting: "Dict[Any, None]" = {}  # connections still reading their request, in arrival order
@@ -141,10 +149,8 @@ class Server:
         self._stop = asyncio.Event()
         server = await asyncio.start_server(self._connection, sock=self.socket, backlog=LISTEN_BACKLOG,
                                             limit=MAX_HEADER_BYTES)
-        self._started.set()
         async with server:
             await self._stop.wait()
-        server.close()
 
     def shutdown(self) -> None:
         """Stop accepting and return once the loop ended (requests in flight are dropped, not waited for)."""
@@ -178,7 +184,6 @@ class Server:
             writer.close()
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        assert self._loop is not None
         head = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
         self._waiting.pop(asyncio.current_task(), None)  # a whole request: it is answered, not made room for
         req = parse_request(head)
