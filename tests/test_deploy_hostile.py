@@ -99,7 +99,7 @@ def test_links_and_other_users_files_inside_are_replaced_never_written_through(t
     theirs.write_text("old")
     os.chown(str(theirs), NOBODY, NOBODY)
     theirs.chmod(0o666)
-    os.umask(old := os.umask(0o000))  # the files' mode is 0644 whatever the umask
+    old = os.umask(0o000)  # the files' mode is 0644 whatever the umask
     try:
         code, out, err = run_cli(["deploy-files", str(folder), "--textfile-dir", "/srv/tf"])
     finally:
