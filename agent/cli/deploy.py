@@ -59,7 +59,7 @@ def deploy_files(
                            "one else can write, and follows only root's or your links)".format(
             dv.printable(str(exc)))) from None
     except OSError as exc:
-        raise UsageProblem("{}: {}".format(dv.printable(exc.filename or folder), exc.strerror or exc)) from None
+        raise UsageProblem("{}: {}".format(dv.printable(str(exc.filename or folder)), exc.strerror or exc)) from None
     given = os.path.abspath(folder)  # type: ignore[arg-type]
     moved = "" if real == given else "{} is {} (through a link): ".format(dv.printable(given), dv.printable(real))
     sys.stdout.write("{}wrote {}\n{}".format(moved, ", ".join(dv.printable(w) for w in written), said))
