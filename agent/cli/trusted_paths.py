@@ -102,6 +102,7 @@ def open_folder(path: str, create: bool = True) -> Folder:
             fd = _open_or_make(parent, name, here, create)
             stack.append((fd, here))
             _check(fd, here, euid, last=not pending)
+        _check(stack[-1][0], stack[-1][1], euid, last=True)  # again as the target: a ".." may end the walk
         fd, real = stack.pop()
         return Folder(fd, real)
     finally:
