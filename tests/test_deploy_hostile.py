@@ -256,3 +256,12 @@ def test_a_settings_file_another_user_can_write_is_not_read(tmp_path):
     found = df.find_textfile_dir(str(root))
     assert found.path == df.DEBIAN_TEXTFILE_DIR
     assert "ignored: /etc/default/prometheus-node-exporter (" in found.why and "mode 666" in found.why
+
+
+def test_a_walk_that_ends_in_a_shared_folder_through_dotdot_is_refused(shared, tmp_path):
+    """root's own link whose target climbs back into the sticky folder everyone writes ('x/..')."""
+    (shared / "x").mkdir()
+    (tmp_path / "via").symlink_to(str(shared / "x" / ".."))
+    code, out, err = run_cli(["deploy-files", str(tmp_path / "via"), "--textfile-dir", "/srv/tf"])
+    assert code == 2 and "{} is writable by every user (mode 1777)".format(shared) in err, err
+    assert sorted(p.name for p in shared.iterdir()) == ["x"]
