@@ -36,8 +36,9 @@ def deploy_files(
     if (folder is None) == (not show):
         raise UsageProblem("name a folder to write the files into, or --print them")
     try:
-        chosen = df.TextfileDir(textfile_dir, "--textfile-dir") if textfile_dir else df.find_textfile_dir()
-        chosen = df.TextfileDir(dv.absolute_path(chosen.path, "--textfile-dir"), chosen.why)
+        # a directory found is checked where it is found (find_textfile_dir); one given is checked here
+        chosen = df.TextfileDir(dv.absolute_path(textfile_dir, "--textfile-dir"), "--textfile-dir") if textfile_dir \
+            else df.find_textfile_dir()
         files = df.render(binary or df.installed_binary(), chosen.path, image)
     except dv.BadValue as exc:
         raise UsageProblem(str(exc)) from None

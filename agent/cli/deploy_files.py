@@ -17,6 +17,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from agent.cli import deploy_values as dv
 from agent.cli import trusted_paths as tp
+from collectors import procfs
 
 FILES = ("kvforensics.cron", "kvforensics-record.service", "kvforensics-record.timer", "kvforensics.rules.yml",
          "kvforensics.rules.test.yml")
@@ -220,12 +221,9 @@ def _why_not_an_exporter(proc: str, name: str, login_uid_min: int, root: str) ->
 def _real_uid(proc: str) -> Optional[int]:
     try:
         with open(os.path.join(proc, "status"), encoding="ascii", errors="replace") as f:
-            for line in f.read(1 << 14).splitlines():
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+            return procfs.parse_uid(f.read(1 << 14))
+    except OSError:
         return None
-    return None
 
 
 def _uid_min(root: str) -> int:

@@ -80,7 +80,6 @@ def open_folder(path: str, create: bool = True) -> Folder:
     stack: List[Tuple[int, str]] = [(os.open("/", _DIR_FLAGS), "/")]
     links = 0
     try:
-        _check(stack[0][0], "/", euid, last=not pending)
         while pending:
             name = pending.pop(0)
             if name == "..":
@@ -88,6 +87,7 @@ def open_folder(path: str, create: bool = True) -> Folder:
                     os.close(stack.pop()[0])
                 continue
             parent, parent_path = stack[-1]
+            _check(parent, parent_path, euid, last=False)  # on the way: before anything in it is read
             here = os.path.join(parent_path, name)
             target = _link_target(parent, name, here, euid)
             if target is not None:
@@ -99,10 +99,8 @@ def open_folder(path: str, create: bool = True) -> Folder:
                         os.close(stack.pop()[0])
                 pending[:0] = _components(target)
                 continue
-            fd = _open_or_make(parent, name, here, create)
-            stack.append((fd, here))
-            _check(fd, here, euid, last=not pending)
-        _check(stack[-1][0], stack[-1][1], euid, last=True)  # again as the target: a ".." may end the walk
+            stack.append((_open_or_make(parent, name, here, create), here))
+        _check(stack[-1][0], stack[-1][1], euid, last=True)  # the target, wherever the walk ended (a ".." too)
         fd, real = stack.pop()
         return Folder(fd, real)
     finally:
@@ -130,33 +128,29 @@ def _link_target(parent: int, name: str, here: str, euid: int) -> Optional[str]:
 
 
 def _open_or_make(parent: int, name: str, here: str, create: bool) -> int:
+    """``name`` in ``parent`` opened as a directory, never through a link; made (0755) when missing."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
-            raise
-    try:
-        os.mkdir(name, 0o755, dir_fd=parent)
-    except FileExistsError:
-        pass  # made meanwhile by someone: the checks on what we open decide
-    try:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent)
+        except FileExistsError:
+            pass  # made meanwhile by someone: the checks on what we open decide
         return os.open(name, _DIR_FLAGS, dir_fd=parent)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UntrustedPath("{} changed into a link or a file while it was made".format(here)) from None
+            raise UntrustedPath("{} is a link or a file, not a folder: remove it, or write elsewhere".format(
+                here)) from None
         raise
 
 
 def subfolder(folder: Folder, name: str) -> Folder:
     """``name`` inside ``folder``, made if missing; never a link (refused), checked like ``folder``."""
     path = os.path.join(folder.path, name)
-    try:
-        fd = _open_or_make(folder.fd, name, path, create=True)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UntrustedPath("{} is a link or a file, not a folder: remove it, or write elsewhere".format(
-                path)) from None
-        raise
+    fd = _open_or_make(folder.fd, name, path, create=True)
     try:
         _check(fd, path, os.geteuid(), last=True)
     except BaseException:
@@ -168,12 +162,9 @@ def subfolder(folder: Folder, name: str) -> Folder:
 def write_file(folder: Folder, name: str, text: str, mode: int = 0o644) -> str:
     """Write ``name`` inside ``folder``: a fresh file made with O_EXCL beside it, then renamed over the name,
     so a link or another user's file already there is replaced, never written through. Returns its path."""
-    _replace(folder.fd, name, text.encode("utf-8"), mode)
+    fresh_file.replace(".{}.{}.tmp".format(name, secrets.token_hex(6)), name, text.encode("utf-8"), mode,
+                       dir_fd=folder.fd)
     return os.path.join(folder.path, name)
-
-
-def _replace(fd: int, name: str, data: bytes, mode: int) -> None:
-    fresh_file.replace(".{}.{}.tmp".format(name, secrets.token_hex(6)), name, data, mode, dir_fd=fd)
 
 
 def why_untrusted_file(path: str, root: str = "/") -> Optional[str]:
