@@ -1,10 +1,16 @@
-"""How a finding cites the log line it rests on, for every engine."""
+"""How a finding cites the log line it rests on, and lists things in a sentence, for every engine."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from collectors.events import LogEvent
+
+
+def and_list(items: Iterable[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    words = list(items)
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
 
 
 def where(ev: Optional[LogEvent]) -> str:

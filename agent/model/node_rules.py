@@ -13,8 +13,9 @@ engine's analysis is read through a small protocol every engine provides: ``fail
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
+from agent.model.citing import and_list
 from agent.model.kinds import Owner
 from agent.model.records import Finding, KvChange
 from agent.plugin import ENGINES, EngineModel, display
@@ -304,7 +305,7 @@ def engine_not_found(ctx: "Context") -> Iterator[Finding]:
             code="engine_not_found",
             severity="info",
             title="No {} server on this node".format(" or ".join(display(e.name) for e in engines)),
-            detail="Looked for {} command lines in /proc.".format(_and(h for e in engines for h in e.process_hint)),
+            detail="Looked for {} command lines in /proc.".format(and_list(h for e in engines for h in e.process_hint)),
             evidence=("/proc/*/cmdline",),
         )
 
@@ -336,11 +337,6 @@ def _not_named(snap: Any) -> Finding:
                    detail="This node runs {} server(s), on port(s) {}: pass one of them to --engine.".format(
                        len(names), ", ".join(names) or "none visible"),
                    evidence=("/proc/*/cmdline",), action=action)
-
-
-def _and(items: Iterable[str]) -> str:
-    words = list(items)
-    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
 
 
 def engine_log_missing(ctx: "Context") -> Iterator[Finding]:

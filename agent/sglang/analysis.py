@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.model import flags
-from agent.model.citing import where
+from agent.model.citing import and_list, where
 from agent.model.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
 from agent.sglang import budget as budget_mod
 from agent.sglang import era as era_mod
@@ -162,8 +162,7 @@ class Analysis:
         change = "a {} raise".format(flag) if delta_bytes > 0 else "a lower {}".format(flag)
         paste = "pass the whole startup with --log" if live else \
             "paste the startup from `server_args=` to the `max_total_num_tokens=` line, or run `kvforensics inspect`"
-        lacking = lacks[0] if len(lacks) == 1 else ", ".join(lacks[:-1]) + " and " + lacks[-1]
-        return ("this log cannot size {} (it lacks {})".format(change, lacking),
+        return ("this log cannot size {} (it lacks {})".format(change, and_list(lacks)),
                 "this log cannot size {}: {}".format("a raise" if delta_bytes > 0 else "a cut", paste))
 
     def engine_warnings(self, kind: str) -> List[Tuple[str, str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from agent.model.citing import where
+from agent.model.citing import and_list, where
 from agent.model.records import Finding
 from agent.sglang.analysis import Analysis
 from agent.sglang.ledger import RankLedger
@@ -183,13 +183,10 @@ def _paid_for(a: Analysis) -> str:
     if free is None:
         return ""
     items = ["{} ({})".format(name, gib(n)) for name, n in sorted(groups.items(), key=lambda x: -x[1]) if n > 0]
-    spent = "It paid for {}; ".format(_and(items)) if items else ""
+    spent = "It paid for {}; ".format(and_list(items)) if items else ""
     text = "{}{} of it is still free.".format(spent, gib(free))
     return text[0].upper() + text[1:]
 
-
-def _and(items: List[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def reserve_breakdown(a: Analysis) -> List[Tuple[str, int, str]]:

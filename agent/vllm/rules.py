@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional, Tuple
 
-from agent.model.citing import where
+from agent.model.citing import and_list, where
 from agent.model.records import Finding
 from agent.vllm.analysis import STAGE_WORDS, STAGES, Analysis, Worker
 from collectors.units import gib
@@ -164,8 +164,7 @@ def budget_mechanism(a: Analysis, w: Worker) -> str:
         items.append("{} not itemised in this log".format(gib(budget - said - kv)))
     elif budget is None or not parts:
         items.append("what this log does not itemise")
-    out = items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-    text = "{}; out of it came {}, leaving {} for the KV cache.".format(head, out, gib(kv))
+    text = "{}; out of it came {}, leaving {} for the KV cache.".format(head, and_list(items), gib(kv))
     if a.era.graphs_inside is False or a.estimate_not_applied():
         graphs = max((x.cuda_graph_bytes or 0 for x in a.ranks), default=0)
         text += " CUDA graphs{} are captured on top of the budget.".format(
