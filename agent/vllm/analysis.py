@@ -363,6 +363,11 @@ class Analysis:
         return beyond, "the CUDA graph pool beyond its estimate ({}; the estimate is inside the budget)".format(
             w.sources.get("cuda_graph_estimate_bytes", src))
 
+    def graphs_outside_budget(self) -> bool:
+        """Whether the rules say CUDA graphs come on top of T·u: before 0.20.0, or 0.20+ with the estimate not
+        applied; an era the lines leave open is read as inside (the rules then claim nothing about graphs)."""
+        return self.era.graphs_inside is False or self.estimate_not_applied()
+
     def estimate_not_applied(self) -> bool:
         """0.20+ with the graph estimate left out of the budget: Model Runner V2 before 0.29, or
         VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 (gpu_worker.py determine_available_memory subtracts the

@@ -103,7 +103,7 @@ def gpu_memory_utilization_semantics(a: Analysis) -> Iterator[Finding]:
     if w.total_gpu_bytes is not None and w.requested_bytes is not None:
         detail += " Here: {} × {:g} = {} ({}).".format(gib(w.total_gpu_bytes), u or 0, gib(w.requested_bytes),
                                                        w.sources.get("requested_bytes", ""))
-    if era.graphs_inside is False or a.estimate_not_applied():
+    if a.graphs_outside_budget():
         detail += " CUDA graphs are captured outside it, on top."
     if w.available_kv_bytes is not None:
         detail += " KV cache memory on {}: {}.".format(w.rank or "the worker", gib(w.available_kv_bytes))
@@ -153,7 +153,7 @@ def budget_mechanism(a: Analysis, w: Worker) -> str:
         budget = None
         head = "vLLM's budget is --gpu-memory-utilization {:g}{} × the GPU's whole memory (this release does not " \
             "print the total)".format(u[0], u[1])
-    inside = _inside_budget(a)
+    inside = not a.graphs_outside_budget()
     parts = [(label, getattr(w, name)) for label, name in _OUT_OF_BUDGET
              if getattr(w, name) and (name != "cuda_graph_estimate_bytes" or inside)]
     if w.peak_torch_bytes and not w.weights_bytes:  # 0.6.4.x: the torch peak, weights included
@@ -165,7 +165,7 @@ def budget_mechanism(a: Analysis, w: Worker) -> str:
     elif budget is None or not parts:
         items.append("what this log does not itemise")
     text = "{}; out of it came {}, leaving {} for the KV cache.".format(head, and_list(items), gib(kv))
-    if a.era.graphs_inside is False or a.estimate_not_applied():
+    if not inside:
         graphs = max((x.cuda_graph_bytes or 0 for x in a.ranks), default=0)
         text += " CUDA graphs{} are captured on top of the budget.".format(
             " ({})".format(gib(graphs)) if graphs else "")
@@ -174,9 +174,6 @@ def budget_mechanism(a: Analysis, w: Worker) -> str:
 
 NOT_ITEMISED_BYTES = 1 << 28  # 0.25 GiB: the log's rounding of four figures stays below it
 
-
-def _inside_budget(a: Analysis) -> bool:
-    return a.era.graphs_inside is not False and not a.estimate_not_applied()
 
 
 def _budget_proof(w: Worker) -> str:
@@ -199,9 +196,9 @@ def _budget_proof(w: Worker) -> str:
 
 
 def cudagraph_outside_budget(a: Analysis) -> Iterator[Finding]:
-    unapplied = a.era.graphs_inside is not False and a.estimate_not_applied()
-    if a.era.graphs_inside is not False and not unapplied:
+    if not a.graphs_outside_budget():
         return
+    unapplied = a.era.graphs_inside is not False  # outside only because the estimate is not applied
     graphs = [e for e in a.events if e.kind in ("graph_begin", "graph_end", "graph_estimate", "graph_pool")
               or (e.kind == "graph_advisory" and not e.data.get("applied"))]
     if not graphs:
