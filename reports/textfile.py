@@ -29,6 +29,7 @@ from agent.history.filekind import kind_of
 
 PREFIX = "kvforensics_"
 HEADER = "# kvforensics textfile: written by `kvforensics record`; replaced on every run, do not edit"
+_HEADER_LINE = HEADER.encode() + b"\n"
 TEMP_MARK = ".kvforensics-tmp."
 STALE_TEMP_S = 600  # a temporary older than this is a killed run's, not a run still writing
 # What a textfile of ours can weigh: a few KB per engine and GPU. A bigger file is not one we wrote.
@@ -60,7 +61,7 @@ def claim(path: str) -> None:
     foreign = _foreign_metric(data)
     if foreign is not None:
         raise _refuse(path, foreign)
-    if not (data.startswith(HEADER.encode() + b"\n") or b"# HELP " + PREFIX.encode() in data):
+    if not (data.startswith(_HEADER_LINE) or b"# HELP " + PREFIX.encode() in data):
         raise _refuse(path, "holds no kvforensics metric (comments only)")
 
 
@@ -110,7 +111,7 @@ def write(path: str, reg: Any) -> None:
 
     claim(path)
     _remove_stale_temporaries(path)
-    text = HEADER.encode() + b"\n" + (generate_latest(reg) if reg is not None else b"")
+    text = _HEADER_LINE + (generate_latest(reg) if reg is not None else b"")
     folder, name = os.path.split(os.path.abspath(path))
     temp = os.path.join(folder, name + TEMP_MARK + secrets.token_hex(8))
     # 0644: node_exporter runs as its own user and must read what root wrote; claimed again just before the
@@ -124,20 +125,15 @@ def _remove_stale_temporaries(path: str) -> None:
     import glob
     import time
 
-    pattern = re.compile(re.escape(os.path.basename(path) + TEMP_MARK) + r"[0-9a-f]{16}$")
+    pattern = re.compile(re.escape(os.path.basename(path) + TEMP_MARK) + r"[0-9a-f]{16}")
     for stale in glob.glob(glob.escape(path) + glob.escape(TEMP_MARK) + "*"):
-        if not pattern.match(os.path.basename(stale)):
+        if not pattern.fullmatch(os.path.basename(stale)):
             continue
         try:
             st = os.lstat(stale)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or time.time() - st.st_mtime < STALE_TEMP_S:
                 continue
-            fd = os.open(stale, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-            try:
-                head = os.read(fd, len(HEADER) + 1)
-            finally:
-                os.close(fd)
-            if head == HEADER.encode() + b"\n":
+            if _read_regular(stale).startswith(_HEADER_LINE):
                 os.unlink(stale)
-        except OSError:
+        except (OSError, Refused):
             continue

@@ -135,7 +135,6 @@ class Server:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
         self._stopped = threading.Event()
-        self.open_connections = 0
         self._waiting: "Dict[Any, None]" = {}  # connections still reading their request, in arrival order
 
     def serve_forever(self) -> None:
@@ -166,7 +165,6 @@ class Server:
             pass
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.open_connections += 1
         task = asyncio.current_task()
         self._waiting[task] = None  # still reading its request, oldest first
         if len(self._waiting) > MAX_CONNECTIONS:  # full: the oldest that has sent no whole request makes room,
@@ -180,7 +178,6 @@ class Server:
             pass  # the server stops: a connection still waiting is dropped (re-raised, 3.11's streams log it)
         finally:
             self._waiting.pop(task, None)
-            self.open_connections -= 1
             writer.close()
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -44,7 +44,7 @@ def _size(name: str) -> int:
         elif ".." in body:
             sizes = [_range_size(body, "..", name)]
         else:
-            sizes = [1 for _ in body.split(",")]
+            sizes = [len(body.split(","))]
         count *= sum(sizes)
         name = name[:m.start()] + "0" + name[m.end():]  # one of its items: the rest counts the same for each
     return count
