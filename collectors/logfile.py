@@ -158,15 +158,13 @@ def read_log(path: str, startup: int = -1, count_lines: bool = False, engine: st
                 if shipping.looks_cri(head):  # its partial records are joined in file order: read forward
                     return _from_stream(_Upto(f, size), path, startup, engine)
                 if magic[:2] == b"\x1f\x8b":
-                    return _from_stream(_Gunzip(_Upto(f, size), size), path, startup, engine)
+                    return _from_stream(_Gunzip(_Upto(f, size), size, path), path, startup, engine)
                 if magic[:2] in (b"\xff\xfe", b"\xfe\xff") or _looks_utf16(magic):
                     return _from_stream(_Utf16AsUtf8(_Upto(f, size), magic), path, startup, engine)
             except LogReadError as exc:
-                if exc.code == "bomb":
-                    exc = LogReadError("bomb", "{}: {}".format(path, exc))
                 if exc.code in ("binary", "bomb"):
                     _remember_refusal(st, exc)
-                raise exc from None
+                raise
             if size == 0:
                 raise LogReadError("empty", "{}: the file is empty".format(path))
             src = _Blocks(f, size)
@@ -264,8 +262,9 @@ class _Gunzip:
     """gzip decompressed piece by piece (every member of a concatenated file): a file cut short
     yields what was decompressed before the cut and then says so, instead of losing it all."""
 
-    def __init__(self, f: BinaryIO, compressed: int = 0) -> None:
+    def __init__(self, f: BinaryIO, compressed: int = 0, source: str = "<gzip>") -> None:
         self._f = f
+        self._source = source
         self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         self._pending = b""  # input not yet inflated (each call inflates at most n bytes)
         self._out = 0
@@ -285,8 +284,8 @@ class _Gunzip:
                 self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         self._out += len(out)
         if self._out > self._cap:
-            raise LogReadError("bomb", "this .gz inflates past {:,} MiB ({}× its size): a decompression bomb, not a "
-                               "rotated log".format(self._cap >> 20, MAX_INFLATE_RATIO))
+            raise LogReadError("bomb", "{}: this .gz inflates past {:,} MiB ({}× its size): a decompression bomb, not "
+                               "a rotated log".format(self._source, self._cap >> 20, MAX_INFLATE_RATIO))
         return out
 
     def _end(self) -> bytes:
