@@ -296,6 +296,11 @@ def gpu_lost(ctx: "Context") -> Iterator[Finding]:
                           action="reset GPU {} (nvidia-smi -r -i {}) or reboot the node".format(g.index, g.index))
 
 
+def _or_list(words: List[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
+
+
 def engine_not_found(ctx: "Context") -> Iterator[Finding]:
     if ctx.live is not None and ctx.live.engine is None and ctx.live.snapshot.engines:
         yield _not_named(ctx.live.snapshot)
@@ -304,7 +309,7 @@ def engine_not_found(ctx: "Context") -> Iterator[Finding]:
         yield Finding(
             code="engine_not_found",
             severity="info",
-            title="No {} server on this node".format(" or ".join(display(e.name) for e in engines)),
+            title="No {} server on this node".format(_or_list([display(e.name) for e in engines])),
             detail="Looked for {} command lines in /proc.".format(and_list(h for e in engines for h in e.process_hint)),
             evidence=("/proc/*/cmdline",),
         )

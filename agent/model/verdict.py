@@ -9,7 +9,8 @@ and chooses, in this order:
   out-of-memory risk comes before any gain), else the finding the best action fixes
   (``Recommendation.fixes``: unused memory, what bounds concurrency), else the finding with advice of
   its own (unused memory this log cannot size), else the explanation of the KV size
-  (``mem_fraction_semantics``; vLLM's ``gpu_memory_utilization_semantics``), else the most severe finding;
+  (``mem_fraction_semantics``; vLLM's ``gpu_memory_utilization_semantics``; TensorRT-LLM's
+  ``kv_fraction_semantics``), else the most severe finding;
 * the proof: for a cause about memory or concurrency, the KV explanation's figures (why the pool is
   what it is) first, then the cause's own; else the cause's own figures;
 * the action: the first recommendation when it fixes the cause, else what the cause says to do first (a
@@ -29,7 +30,7 @@ from agent.model.records import Finding, Recommendation, Verdict, severity_rank
 from collectors.units import GIB, gib
 
 HEADLINES = ("startup_failed", "incomplete_startup")
-KV_EXPLANATIONS = ("mem_fraction_semantics", "gpu_memory_utilization_semantics")
+KV_EXPLANATIONS = ("mem_fraction_semantics", "gpu_memory_utilization_semantics", "kv_fraction_semantics")
 # Causes the KV explanation proves: why the pool is its size is the evidence for what to change.
 EXPLAINED_BY_KV = ("unused_gpu_memory", "low_headroom", "concurrency_bound")
 NO_ACTION = "none: no flag change gains enough to be worth a restart"

@@ -1,0 +1,1 @@
+"""TensorRT-LLM's forensics model: its startup analysis, rules, recommendations and live placement."""

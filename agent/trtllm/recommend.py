@@ -1,0 +1,66 @@
+"""TensorRT-LLM recommendations: exact settings, only where the log gives the numbers (estimated from a log)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from agent.model.node_rules import gain_requests, spare_memory
+from agent.model.records import Recommendation
+from agent.trtllm.analysis import Analysis
+from collectors.units import gib
+
+if TYPE_CHECKING:
+    from agent.model.context import Context
+
+
+def on_failure(ctx: "Context") -> Iterator[Recommendation]:
+    a = ctx.analysis
+    if not isinstance(a, Analysis) or a.failed is None:
+        return
+    f = a.failed
+    d = f.data
+    if f.cause == "max_tokens_too_small" and d.get("max_tokens") and d.get("tokens_per_block") \
+            and d.get("beam_width"):
+        fits = d["max_tokens"] // d["beam_width"] // d["tokens_per_block"] * d["tokens_per_block"]
+        if fits > 0:
+            yield Recommendation(flag="--max_seq_len", value=str(fits), gain_bytes=None, gain_tokens=None,
+                                 basis="estimated",
+                                 rationale="TensorRT-LLM's own figures ({}): the KV cache holds {:,} tokens, so a "
+                                 "sequence of at most {:,} tokens (whole blocks of {}, beam {}) fits; or give the KV "
+                                 "cache more memory (free_gpu_memory_fraction, max_tokens).".format(
+                                     f.where, d["max_tokens"], fits, d["tokens_per_block"], d["beam_width"]),
+                                 fixes="startup_failed")
+
+
+def resize_fraction(ctx: "Context") -> Iterator[Recommendation]:
+    """Memory the pool left free beyond the margin, into the pool: free_gpu_memory_fraction raised to
+    (KV + spare) ÷ what it is a share of (``Analysis.kv_change``, the one computation the unused-memory
+    finding quotes). No cut from a log alone: a server that reached ready is working as sized."""
+    a = ctx.analysis
+    if not isinstance(a, Analysis) or a.failed is not None:
+        return
+    found = spare_memory(ctx)
+    if found is None or found.change is None or not (found.worth_it or found.cut_advised):
+        return
+    change = found.change
+    if (change.gain_bytes > 0) != (found.spare_bytes > 0):
+        return
+    sized = a.sizing()
+    assert sized is not None  # kv_change gave a change
+    base, f, how, _ = sized
+    share = "total − profiled peak + temporary pool" if how == "pytorch" else "the memory available when it was sized"
+    h = found.headroom
+    rationale = ("{} free when the KV cache was sized ({}) − {} margin = {} {}; F {:.2f} + that ÷ {} ({}) rounded "
+                 "down to 0.01: {}; {} {} KV cache per rank = {:+,} tokens.").format(
+        gib(h.free_bytes), h.how, gib(a.options.margin_bytes), gib(abs(found.spare_bytes)),
+        "spare" if found.spare_bytes > 0 else "short", f, gib(base), share, change.value,
+        gib(abs(change.gain_bytes)), "more" if change.gain_bytes > 0 else "less", change.gain_tokens)
+    yield Recommendation(flag=change.flag, value=change.value, gain_bytes=change.gain_bytes,
+                         gain_tokens=change.gain_tokens, basis="measured" if h.measured else "estimated",
+                         rationale=rationale,
+                         gain_requests=gain_requests(a.kv_cache_tokens, change.gain_tokens, a.summary.context_len,
+                                                     a.options.request_tokens, a.summary.max_running_requests),
+                         fixes="unused_gpu_memory" if change.gain_bytes > 0 else "low_headroom")
+
+
+RECOMMENDERS = [on_failure, resize_fraction]

@@ -1,0 +1,1 @@
+"""TensorRT-LLM's collectors: its log, its processes, its HTTP endpoints."""

@@ -1,0 +1,1 @@
+"""TensorRT-LLM's own parts of the report."""

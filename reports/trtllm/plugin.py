@@ -1,0 +1,23 @@
+"""TensorRT-LLM, as the renderers see it: the one object the engine-neutral reports read."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Tuple
+
+from agent.model.kinds import ItemKind
+from collectors.registry import lazy
+from reports.plugin import EngineView
+from reports.trtllm import json_report
+
+
+def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
+    """Each placed rank's KV cache, labelled "RANK n" (stable across restarts: no PID in it)."""
+    for g in insp.engine_gpus:
+        kv = next((x.bytes for x in g.items if x.kind is ItemKind.KV_POOL), None)
+        if kv is not None and g.rank:
+            yield g.rank, kv
+
+
+ENGINE = EngineView(name="trtllm", terminal=lazy("reports.trtllm.terminal:render"),
+                    json_target=json_report.target_dict, kv_pool_by_rank=kv_pool_by_rank,
+                    brief=lazy("reports.trtllm.terminal:brief"))
