@@ -18,7 +18,7 @@ from tests import toy_engine
 from tests.conftest import ROOT, run_cli
 
 LAYERS = ("agent", "collectors", "reports")
-BUILT_IN = ("sglang", "vllm")
+BUILT_IN = ("sglang", "trtllm", "vllm")
 
 
 def _engine_folders() -> Set[str]:

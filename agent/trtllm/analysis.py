@@ -330,7 +330,11 @@ class Analysis:
                         rounding=FRACTION_ROUNDING)
 
     def fraction_flag(self) -> str:
-        return TRITON_FRACTION if self.server_args.get("launch") == "tritonserver" else FRACTION_FLAG
+        """Triton's config.pbtxt parameter where Triton runs it (its launch, or its lines in the log), else
+        trtllm-serve's option (its YAML's kv_cache_config.free_gpu_memory_fraction is the same knob)."""
+        triton = self.server_args.get("launch") == "tritonserver" or any(
+            e.fmt in ("ready_triton", "ready_triton_model", "default_fraction") for e in self.events)
+        return TRITON_FRACTION if triton else FRACTION_FLAG
 
     def why_no_kv_change(self, delta_bytes: int, live: bool, cuda_total: Optional[int] = None,
                          flags: Optional[Dict[str, Any]] = None) -> Tuple[str, str]:
