@@ -28,11 +28,11 @@ ENGINE = EngineModel(
     place=lazy("agent.trtllm.live:place"),
     budget_flag="--kv_cache_free_gpu_memory_fraction",
     # trtllm-serve's Prometheus page (collectors/trtllm/http.py names what it reads).
-    load=LoadMetrics(running="trtllm:num_requests_running", queued="trtllm:num_requests_waiting",
-                     kv_usage=("trtllm:kv_cache_utilization",),
-                     shown=(("trtllm:num_requests_running", "running", "{:.0f}"),
-                            ("trtllm:num_requests_waiting", "waiting", "{:.0f}"),
-                            ("trtllm:kv_cache_utilization", "KV cache usage", "{:.0%}"))),
+    load=LoadMetrics(running="trtllm_num_requests_running", queued="trtllm_num_requests_waiting",
+                     kv_usage=("trtllm_kv_cache_utilization",),
+                     shown=(("trtllm_num_requests_running", "running", "{:.0f}"),
+                            ("trtllm_num_requests_waiting", "waiting", "{:.0f}"),
+                            ("trtllm_kv_cache_utilization", "KV cache usage", "{:.0%}"))),
     process_hint=("`trtllm-serve`", "`tritonserver` (tensorrtllm backend)", "`python -m dynamo.trtllm`"),
     budget_of_total=False,
     # The PyTorch backend's profiled peak (activations for max_num_tokens) returns while serving: without its
