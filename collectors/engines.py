@@ -55,13 +55,25 @@ def _scan(root: str) -> List[Dict[str, Any]]:
         proc["_kind"], proc["_role"] = kind, role
         if role["role"] == "server":
             proc["launch"] = role["launch"]
-            proc["server_args"] = redact_mapping(ENGINES.get(kind).parse_flags((argv or [])[role["flags_at"]:]))
+            proc["server_args"] = _server_args(root, pid, proc, kind, (argv or [])[role["flags_at"]:])
         elif "rank" in role:
             proc["rank"] = role["rank"]
         else:
             proc["title"] = role["title"]
         found.append(proc)
     return found
+
+
+def _server_args(root: str, pid: int, proc: Dict[str, Any], kind: str, argv: List[str]) -> Dict[str, Any]:
+    """The server's flags: its command line, then what the files it names set (they win, as in the engine)."""
+    engine = ENGINES.get(kind)
+    flags = engine.parse_flags(argv)
+    if engine.config_flags is not None:
+        more, notes = engine.config_flags(root, pid, proc.get("uid"), flags)
+        flags.update(more)
+        if notes:
+            proc["_config_notes"] = notes[:8]
+    return redact_mapping(flags)
 
 
 def _ancestor_server(proc: Dict[str, Any], servers: Dict[int, Any], parents: Dict[int, Any],
@@ -151,13 +163,20 @@ def collect(root: str = "/") -> Dict[str, Any]:
     engines.extend(orphans.values())
     for e in engines:
         e["schedulers"].sort(key=lambda p: _rank_key(p["rank"]))
-    problems = []
+    problems = _config_problems(servers)
     for kind, group in orphans.items():
         pids = ", ".join(str(p["pid"]) for p in group["schedulers"])
         problems.append({"code": "engines.server_not_found",
                          "message": "{} worker processes without a visible server process (its command line "
                                     "holds the flags): {}".format(ENGINES.get(kind).display, pids)})
     return {"status": "ok" if engines else "absent", "engines": engines, "problems": problems}
+
+
+def _config_problems(servers: Dict[int, Any]) -> List[Dict[str, str]]:
+    """The config files a server names that were not read, each said once."""
+    return [{"code": "engines.config_not_read", "message": "{} server PID {}: {}".format(
+        ENGINES.get(p["_kind"]).display, pid, note)} for pid, p in sorted(servers.items())
+        for note in p.get("_config_notes", ())]
 
 
 def _rank_key(rank: str) -> List[Any]:

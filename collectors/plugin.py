@@ -48,6 +48,10 @@ class EngineCollectors:
     # Where its records begin in raw bytes (buf, start, end → offsets), for an engine that glues records
     # into one physical line: the reader cuts a line longer than it should parse whole there.
     record_starts: Optional[Callable[[bytes, int, int], Iterator[int]]] = None
+    # Settings in files its command line names: (root, pid, uid, flags) → (more flags, notes), read on the host
+    # (TensorRT-LLM's --extra_llm_api_options YAML, Triton's config.pbtxt); they override the command line's.
+    config_flags: Optional[Callable[[str, int, Optional[int], Dict[str, Any]], Tuple[Dict[str, Any], List[str]]]] \
+        = None
 
 
 ENGINES: "Registry[EngineCollectors]" = Registry("collectors")

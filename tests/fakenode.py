@@ -340,3 +340,148 @@ class FakeVllmNode(FakeNode):
             if foreign:
                 lines.append("proc {} compute {} {}".format(gpu, self.foreign_pids[gpu], foreign))
         self.scenario.write_text("\n".join(lines) + "\n")
+
+
+# --- TensorRT-LLM ---------------------------------------------------------------------------
+
+# Stands in for `trtllm-serve MODEL --tp_size N` (PyTorch backend): N MPI workers as mpi4py spawns them
+# (`python -m mpi4py.futures.server`, children of the server), the startup log on its stdout, and
+# /prometheus/metrics when the test gives a page.
+TRTLLM_SERVE = textwrap.dedent('''
+    """Stands in for trtllm-serve: mpi4py workers, a startup log, /prometheus/metrics."""
+    import http.server, json, os, socket, subprocess, sys
+    tp, port = 1, 8000
+    for i, a in enumerate(sys.argv):
+        if a == "--tp_size" and i + 1 < len(sys.argv):
+            tp = int(sys.argv[i + 1])
+        if a == "--port" and i + 1 < len(sys.argv):
+            port = int(sys.argv[i + 1])
+    # A worker reads its stdin until the server's end of the pipe closes: it lives as long as the server.
+    kids = [subprocess.Popen([sys.executable, "-m", "mpi4py.futures.server"], stdin=subprocess.PIPE)
+            for _ in range(tp)]
+    with open(os.environ["FAKE_TRTLLM_LOG_TEMPLATE"]) as f:
+        print(f.read(), end="", flush=True)
+    pids = {"server": os.getpid(), "workers": [k.pid for k in kids], "port": port}
+    with open(os.environ["FAKE_TRTLLM_PIDS"] + ".tmp", "w") as f:
+        json.dump(pids, f)
+    os.rename(os.environ["FAKE_TRTLLM_PIDS"] + ".tmp", os.environ["FAKE_TRTLLM_PIDS"])
+    page = open(os.environ["FAKE_TRTLLM_METRICS"], "rb").read() if os.environ.get("FAKE_TRTLLM_METRICS") else None
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path != "/prometheus/metrics" or page is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Metrics, bind_and_activate=False)
+    server.socket = socket.socket(fileno=int(os.environ["FAKE_TRTLLM_LISTEN_FD"]))
+    server.serve_forever()
+''')
+MPI_WORKER = "import sys\nsys.stdin.read()\n"
+
+
+def trtllm_pytorch_log(tp: int, total_gib: float, peak_gib: float, tmp_gib: float, weights_gib: float,
+                       bytes_per_token: int, fraction: str = "0.8999999761581421") -> Tuple[str, Dict[str, float]]:
+    """A TP=``tp`` PyTorch-backend startup in 1.1.0rc3's line shapes (tests/fixtures/real_trtllm/py01, whose
+    ranks carry ``[RANK n]`` as 1.1.0rc2's workers print), its figures computed by the release's rules: the
+    budget F × (total − peak + temporary pool), max_tokens = budget ÷ bytes per token, the pool ceil'd to
+    32-token blocks (resource_manager.py, the older ceil). Returns (log, figures in GiB)."""
+    f = float(fraction)
+    budget = round(f * (total_gib - peak_gib + tmp_gib), 2)
+    max_tokens = int(budget * GIB // bytes_per_token)
+    tokens = -(-max_tokens // 32) * 32
+    kv = round(tokens * bytes_per_token / GIB, 2)
+    tmp_tokens = 8224
+    stamp = "[12/20/2025-04:2{}:{:02d}] [TRT-LLM] [RANK {}] [{}] "
+    lines = ["[TensorRT-LLM] TensorRT-LLM version: 1.1.0rc3",
+             "[12/20/2025-04:20:04] [TRT-LLM] [I] Using LLM with PyTorch backend"]
+    lines += ["[TensorRT-LLM] TensorRT-LLM version: 1.1.0rc3"] * tp
+
+    def each(minute: int, second: int, level: str, text: str) -> None:
+        lines.extend(stamp.format(minute, second, r, level) + text for r in range(tp))
+
+    each(0, 21, "I", "Use {:.2f} GB for model weights.".format(weights_gib - 0.1))
+    each(1, 10, "W", "Both free_gpu_memory_fraction and max_tokens are set (to {} and {}, respectively). The smaller "
+                     "value will be used.".format(fraction, tmp_tokens))
+    lines += ["[TensorRT-LLM][INFO] Number of tokens per block: 32."] * tp
+    lines += ["[TensorRT-LLM][INFO] [MemUsageChange] Allocated {:.2f} GiB for max tokens in paged KV cache ({})."
+              .format(tmp_gib, tmp_tokens)] * tp
+    each(1, 10, "I", "max_seq_len=8224, max_num_requests=64, max_num_tokens=8192, max_batch_size=64")
+    each(1, 50, "I", "Memory used after loading model weights (inside torch) in memory usage profiling: {:.2f} GiB"
+                     .format(weights_gib))
+    each(1, 51, "I", "Peak memory during memory usage profiling (torch + non-torch): {:.2f} GiB, available KV cache "
+                     "memory when calculating max tokens: {:.2f} GiB, fraction is set {}, kv size is {}. device total "
+                     "memory {:.2f} GiB, , tmp kv_mem {:.2f} GiB".format(peak_gib, budget, fraction, bytes_per_token,
+                                                                        total_gib, tmp_gib))
+    each(1, 51, "I", "Estimated max memory in KV cache : {:.2f} GiB".format(budget))
+    each(1, 51, "W", "Both free_gpu_memory_fraction and max_tokens are set (to {} and {}, respectively). The smaller "
+                     "value will be used.".format(fraction, max_tokens))
+    lines += ["[TensorRT-LLM][INFO] Number of tokens per block: 32."] * tp
+    lines += ["[TensorRT-LLM][INFO] [MemUsageChange] Allocated {:.2f} GiB for max tokens in paged KV cache ({})."
+              .format(kv, tokens)] * tp
+    each(1, 52, "I", "max_seq_len=131072, max_num_requests=64, max_num_tokens=8192, max_batch_size=64")
+    each(1, 57, "I", "Setting PyTorch memory fraction to 0.31 (43.3 GiB)")
+    lines += ["INFO:     Started server process [41]", "INFO:     Waiting for application startup.",
+              "INFO:     Application startup complete.", "INFO:     Uvicorn running on http://0.0.0.0:8000 (Press "
+              "CTRL+C to quit)"]
+    return "\n".join(lines) + "\n", {"budget": budget, "kv": kv, "tokens": tokens, "max_tokens": max_tokens}
+
+
+class FakeTrtllmNode(FakeVllmNode):
+    """A fake trtllm-serve node on H200s: the server and its ``tp`` mpi4py workers, one per GPU, each holding
+    ``total − reserved − free`` as NVML reports it; ``log_text`` is the server's stdout."""
+
+    def __init__(self, workdir: Path, log_text: str, tp: int = 2, free_bytes: Optional[List[int]] = None,
+                 metrics_text: Optional[str] = None, foreign: Optional[Dict[int, int]] = None) -> None:
+        super().__init__(workdir, tp=tp, free_bytes=free_bytes, foreign=foreign, metrics_text=metrics_text)
+        self.log_text = log_text
+
+    def start(self) -> None:
+        pkg = self.dir / "pkgs" / "mpi4py" / "futures"
+        pkg.mkdir(parents=True, exist_ok=True)
+        for d in (pkg.parent, pkg):
+            (d / "__init__.py").write_text("")
+        (pkg / "server.py").write_text(MPI_WORKER)
+        script = self.dir / "bin" / "trtllm-serve"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(TRTLLM_SERVE)
+        template = self.dir / "log-template.txt"
+        template.write_text(self.log_text)
+        env = dict(os.environ, PYTHONPATH=str(self.dir / "pkgs"), FAKE_TRTLLM_LOG_TEMPLATE=str(template),
+                   FAKE_TRTLLM_PIDS=str(self.dir / "pids.json"))
+        if self.metrics_text is not None:
+            (self.dir / "metrics.txt").write_text(self.metrics_text)
+            env["FAKE_TRTLLM_METRICS"] = str(self.dir / "metrics.txt")
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        env["FAKE_TRTLLM_LISTEN_FD"] = str(listener.fileno())
+        out = open(self.log, "w")
+        argv = [sys.executable, str(script), "meta-llama/Llama-3.1-70B-Instruct", "--tp_size", str(self.tp),
+                "--kv_cache_free_gpu_memory_fraction", "0.9", "--port", str(self.port)]
+        server = self.spawn(argv, out, env, pass_fds=(listener.fileno(),))
+        out.close()
+        listener.close()
+        self.procs.append(server)
+        self.server_pid = server.pid
+        pids_file = self.dir / "pids.json"
+        deadline = time.time() + 20
+        while not pids_file.exists() and time.time() < deadline and server.poll() is None:
+            time.sleep(0.05)
+        if not pids_file.exists():
+            self.stop()
+            raise RuntimeError("the fake trtllm-serve did not start: " + self.log.read_text()[-2000:])
+        import json
+
+        self.pids = json.loads(pids_file.read_text())
+        self.scheduler_pids = dict(enumerate(self.pids["workers"]))
+        self.start_foreign()
+        self.write_scenario()

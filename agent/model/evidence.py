@@ -255,6 +255,7 @@ class EngineHttp:
     metrics: Mapping[str, float]
     cache_config: Optional[Mapping[str, Any]] = None  # vLLM's cache_config_info labels
     network_namespace: Optional[str] = None  # the server's "net:[inode]" when asked inside it (a pod's)
+    metrics_path: str = "/metrics"  # where the metrics were read (TensorRT-LLM: /prometheus/metrics)
 
 
 @dataclass(frozen=True)
@@ -381,7 +382,8 @@ def _engine_http(http: Mapping[str, Any]) -> EngineHttp:
     cache_config = http.get("cache_config")
     return EngineHttp(url=http.get("url"), metrics=dict(http.get("metrics") or {}),
                       cache_config=dict(cache_config) if isinstance(cache_config, dict) else None,
-                      network_namespace=http.get("network_namespace"))
+                      network_namespace=http.get("network_namespace"),
+                      metrics_path=http.get("metrics_path") or "/metrics")
 
 
 def _gpu_processes(document: Mapping[str, Any]) -> Dict[int, Process]:

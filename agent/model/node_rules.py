@@ -614,8 +614,8 @@ def with_live_load(ctx: "Context", base: Finding) -> Finding:
     return replace(
         base,
         severity=sev,
-        detail=base.detail + " Live ({}/metrics): {}.".format(url, ", ".join(live)),
-        evidence=base.evidence + ("{}/metrics".format(url),),
+        detail=base.detail + " Live ({}{}): {}.".format(url, http.metrics_path, ", ".join(live)),
+        evidence=base.evidence + ("{}{}".format(url, http.metrics_path),),
     )
 
 

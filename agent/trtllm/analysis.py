@@ -31,6 +31,7 @@ from agent.model.records import Finding, KvChange, Options, Problem, Recommendat
 from collectors.events import LogEvent
 from collectors.trtllm.formats import PRINT_TOLERANCE_BYTES
 from collectors.trtllm.startups import Startup
+from collectors.units import gib
 
 ENGINE = "trtllm"
 DEFAULT_FRACTION = 0.9  # C++ KvCacheConfig::kDefaultGpuMemFraction; the LLM API's default (llm_args.py)
@@ -283,6 +284,28 @@ class Analysis:
             return value, "the server's arguments"
         return None
 
+    def process_ceiling(self, cuda_total: int, flags: Dict[str, Any]) -> Optional[Tuple[int, str, bool]]:
+        """(what the rank's process holds at its peak, how that is known, True: other processes present at
+        startup are inside it) for node_rules' live headroom: NVML's free memory still holds the activation
+        peak the sizing reserved. PyTorch backend: the profiled peak − the temporary pool + the KV cache; C++
+        eras: what was in use when the pool was sized (total − available) + the KV cache. Both measure the
+        device, so what other processes held then is inside."""
+        sized, kv = self.sizing(), self.binding()
+        if sized is None or kv is None or kv.kv_cache_bytes is None or not self.complete:
+            return None
+        _, _, how, r = sized
+        if how == "pytorch":
+            assert r.peak_bytes is not None
+            ceiling = r.peak_bytes - (r.temporary_kv_bytes or 0) + kv.kv_cache_bytes
+            return ceiling, "the profiled peak {} − the temporary pool {} + the KV cache {} ({})".format(
+                gib(r.peak_bytes), gib(r.temporary_kv_bytes or 0), gib(kv.kv_cache_bytes),
+                r.sources.get("peak_bytes", "")), True
+        assert r.available_bytes is not None
+        total = r.total_gpu_bytes or cuda_total
+        return total - r.available_bytes + kv.kv_cache_bytes, "in use when the pool was sized ({} − {} available, " \
+            "{}) + the KV cache {}".format(gib(total), gib(r.available_bytes), r.sources.get("available_bytes", ""),
+                                          gib(kv.kv_cache_bytes)), True
+
     def memory_pressure(self) -> str:
         ready = next((e for e in self.events if e.kind == "ready"), None)
         if ready is None:
@@ -485,7 +508,9 @@ FLAGS = {
     "kv_cache_free_gpu_memory_fraction": flags.number(0, 1), "max_batch_size": flags.count(1),
     "max_num_tokens": flags.count(1), "max_seq_len": flags.count(1), "tp_size": flags.count(1, 1 << 16),
     "pp_size": flags.count(1, 1 << 16), "backend": flags.TEXT, "model": flags.TEXT, "model_path": flags.TEXT,
-    "launch": flags.TEXT, "kv_cache_dtype": flags.TEXT,
+    "launch": flags.TEXT, "kv_cache_dtype": flags.TEXT, "max_tokens": flags.count(1),
+    "max_gpu_total_bytes": flags.count(1, 1 << 60), "host_cache_size": flags.count(0, 1 << 60),
+    "capacity_scheduler_policy": flags.TEXT, "config_file": flags.TEXT,
 }
 
 

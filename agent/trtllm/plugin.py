@@ -39,4 +39,5 @@ ENGINE = EngineModel(
     # log, NVML's free memory is not spare.
     frees_profiled_peak=True,
     foreign_cost=foreign_cost,
+    node_rules=(lazy("agent.trtllm.scheduler:scheduler_reserves"),),
 )

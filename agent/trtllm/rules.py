@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from agent.model.citing import where
+from agent.model.citing import and_list, where
 from agent.model.records import Finding
 from agent.trtllm.analysis import STAGE_WORDS, STAGES, Analysis, Failure, Rank
 from collectors.units import gib
@@ -182,17 +182,18 @@ def window_reduced(a: Analysis) -> Iterator[Finding]:
 
 
 def kv_budget_check(a: Analysis) -> Iterator[Finding]:
+    """One finding for the ranks that match the era's formula, one per rank that does not."""
+    agree = [c for c in a.checks if c.agrees]
+    if agree:
+        c = agree[0]
+        ranks = and_list(x.rank for x in agree if x.rank)
+        yield Finding(code="kv_budget_check", severity="info",
+                      title="The KV budget matches TensorRT-LLM's formula{}".format(" on " + ranks if ranks else ""),
+                      detail="{}: predicted {}, logged {} (within {}).".format(
+                          c.formula, gib(c.predicted_bytes), gib(c.logged_bytes), gib(c.tolerance_bytes)),
+                      bytes=c.logged_bytes, evidence=tuple(e for x in agree for e in x.evidence))
     for c in a.checks:
-        if c.agrees is None:
-            continue
-        if c.agrees:
-            yield Finding(code="kv_budget_check", severity="info",
-                          title="The KV budget matches TensorRT-LLM's formula{}".format(
-                              " on " + c.rank if c.rank else ""),
-                          detail="{}: predicted {}, logged {} (within {}).".format(
-                              c.formula, gib(c.predicted_bytes), gib(c.logged_bytes), gib(c.tolerance_bytes)),
-                          bytes=c.logged_bytes, evidence=c.evidence)
-        else:
+        if c.agrees is False:
             yield Finding(code="kv_budget_check", severity="warning",
                           title="The KV budget differs from TensorRT-LLM's formula by {}".format(
                               gib(abs((c.predicted_bytes or 0) - (c.logged_bytes or 0)))),

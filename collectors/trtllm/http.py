@@ -74,6 +74,7 @@ def read_http(base: str, section: Dict[str, Any]) -> bool:
         metrics = prometheus(loopback.whole_lines(body))
         if metrics:
             section["metrics"], section["status"] = metrics, "ok"
+            section["metrics_path"] = "/prometheus/metrics"
             return True
     body = loopback.get(base + "/metrics")
     if body is None:

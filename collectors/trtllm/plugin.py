@@ -35,4 +35,5 @@ ENGINE = EngineCollectors(
     parse_flags=lazy("collectors.trtllm.processes:parse_flags"),
     default_port=8000,  # tensorrt_llm/commands/serve.py: --port default
     read_http=lazy("collectors.trtllm.http:read_http"),
+    config_flags=lazy("collectors.trtllm.configs:config_flags"),
 )
