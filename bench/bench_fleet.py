@@ -30,6 +30,10 @@ from tests.sshd import Sshd, keygen  # noqa: E402
 HOSTS = int(os.environ.get("KVF_BENCH_HOSTS", "32"))
 PARALLEL = int(os.environ.get("KVF_BENCH_PARALLEL", "64" if HOSTS >= 256 else "16"))
 RUNS = int(os.environ.get("KVF_BENCH_RUNS", "3"))
+TRANSPORT = os.environ.get("KVF_BENCH_TRANSPORT", "openssh")  # openssh | paramiko
+# OpenSSH: "1" shares a master per host across runs (after the first run every look is one exec round trip);
+# "0" pays a handshake each time, as the ssh peer does.
+MULTIPLEX = os.environ.get("KVF_BENCH_MULTIPLEX", "0") == "1"
 
 
 def _own_peak_rss() -> float:
@@ -77,13 +81,18 @@ def main() -> int:
     server = Sshd(work / "sshd", [key])
     kvf: List[Dict[str, float]] = []
     ssh: List[Dict[str, float]] = []
+    control = tempfile.mkdtemp(prefix="kvf-cm-")
     try:
         cfg, aliases, env = ssh_fleet(work, server, key, HOSTS)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # measure what an installed user runs: cached bytecode
         subprocess.run([sys.executable, "-m", "compileall", "-q", "agent", "collectors", "reports"], cwd=str(ROOT),
                        check=True, stdout=subprocess.DEVNULL)
+        env["KVFORENSICS_SSH_CONTROL_DIR"] = control
         kvf_cmd = [sys.executable, "-m", "agent", "inspect", "--ssh-config", str(cfg), "--parallel", str(PARALLEL),
-                   "--no-http", "--json", "--fail-on", "never", "--timeout", "600", *aliases]  # as ssh: no deadline
+                   "--no-http", "--json", "--fail-on", "never", "--timeout", "600", "--transport", TRANSPORT,
+                   "--multiplex" if MULTIPLEX else "--no-multiplex", *aliases]  # as ssh: no deadline
+        if MULTIPLEX:  # the masters up before the measured runs: "a second look"
+            _check(json.loads(_timed(kvf_cmd, server.proc.pid, b"", env)[1]))
         ssh_cmd = ["xargs", "-P", str(PARALLEL), "-I{}", "ssh", "-F", str(cfg), "{}", "python3", "-c", "pass"]
         own = _own_peak_rss()
         for _ in range(RUNS):
@@ -96,8 +105,12 @@ def main() -> int:
         sent = len(probe.build({"nvml_lib": None, "log": None, "startup": -1, "model_config_path": None,
                                 "http": False, "time_limit_s": 30.0}).script)
     finally:
+        for sock in os.listdir(control):
+            subprocess.run(["ssh", "-o", "ControlPath={}/{}".format(control, sock), "-O", "exit", "x"],
+                           capture_output=True)
         server.stop()
-    append("fleet over SSH, {} hosts, {} at a time".format(HOSTS, PARALLEL), _table(kvf, ssh, sent, own))
+    append("fleet over SSH, {} hosts, {} at a time, transport {}{}".format(
+        HOSTS, PARALLEL, TRANSPORT, " with live master connections" if MULTIPLEX else ""), _table(kvf, ssh, sent, own))
     return 0
 
 

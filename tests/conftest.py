@@ -100,3 +100,29 @@ def seed_json() -> dict:
     code, doc = run_json(["analyze", str(SEED_LOG), "--model-config", str(SEED_CONFIG)])
     assert code == 1  # warnings present, default --fail-on warning
     return doc["targets"][0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ssh_masters_of_this_run():
+    """The OpenSSH transport's shared master connections (agent/remote/openssh.py) in a folder of this run's own,
+    closed when the run ends: another copy of the suite never shares one, and none outlives the run."""
+    import os
+    import subprocess
+    import tempfile
+
+    if os.environ.get("KVFORENSICS_SSH_CONTROL_DIR"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="kvf-cm-", dir="/tmp")
+    os.chmod(folder, 0o700)
+    os.environ["KVFORENSICS_SSH_CONTROL_DIR"] = folder
+    try:
+        yield
+    finally:
+        del os.environ["KVFORENSICS_SSH_CONTROL_DIR"]
+        for name in os.listdir(folder):
+            subprocess.run(["ssh", "-o", "ControlPath={}".format(os.path.join(folder, name)), "-O", "exit", "x"],
+                           capture_output=True, timeout=10)
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)

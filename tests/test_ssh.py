@@ -183,33 +183,36 @@ def test_same_report_as_on_the_node(env, remote_lib, fake_node, monkeypatch):
                                                                                                  "code")]
 
 
-def test_unknown_host_key_refused_then_accepted_and_remembered(env):
-    code, (t,), err = _run(env, "strangerhost", expect=3)
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_unknown_host_key_refused_then_accepted_and_remembered(env, transport):
+    code, (t,), err = _run(env, "--transport", transport, "strangerhost", expect=3)
     assert t["status"] == "host_key_refused"
     msg = t["problems"][0]["message"]
     assert "not a known host" in msg and "SHA256:" in msg and "--accept-new-host-keys" in msg
     assert not (env["dir"] / "empty_known_hosts").exists()
-    code, (t,), err = _run(env, "strangerhost", "--accept-new-host-keys")
+    code, (t,), err = _run(env, "--transport", transport, "strangerhost", "--accept-new-host-keys")
     assert t["status"] in ("ok", "partial") and "recorded new host key" in err
     text = (env["dir"] / "empty_known_hosts").read_text()
     assert text.count("\n") == 1 and text.startswith("[127.0.0.1]:")
     assert not any(p.name.endswith(".lock") for p in env["dir"].iterdir())  # no lock file left behind
-    code, (t,), err = _run(env, "strangerhost")  # remembered: no flag needed now
+    code, (t,), err = _run(env, "--transport", transport, "strangerhost")  # remembered: no flag needed now
     assert t["status"] in ("ok", "partial") and "recorded" not in err
 
 
-def test_accept_new_from_ssh_config(env):
-    code, (t,), err = _run(env, "acceptnew")
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_accept_new_from_ssh_config(env, transport):
+    code, (t,), err = _run(env, "--transport", transport, "acceptnew")
     assert t["status"] in ("ok", "partial")
     assert (env["dir"] / "new_known_hosts").exists()
 
 
-def test_changed_host_key_is_always_refused(env, server, tmp_path):
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_changed_host_key_is_always_refused(env, server, tmp_path, transport):
     other = keygen(tmp_path / "impostor")
     kind, b64 = Path(str(other) + ".pub").read_text().split()[0:2]
     env["known"].write_text("[127.0.0.1]:{} {} {}\n".format(server.port, kind, b64))
     for extra in ((), ("--accept-new-host-keys",)):
-        code, (t,), err = _run(env, "node", *extra, expect=3)
+        code, (t,), err = _run(env, "--transport", transport, "node", *extra, expect=3)
         assert t["status"] == "host_key_refused"
         assert "CHANGED" in t["problems"][0]["message"] and "man-in-the-middle" in t["problems"][0]["message"]
         # the advice edits the file that holds the key (this config's UserKnownHostsFile), not ~/.ssh/known_hosts
@@ -217,27 +220,31 @@ def test_changed_host_key_is_always_refused(env, server, tmp_path):
     assert env["known"].read_text().count("\n") == 1  # nothing was recorded
 
 
-def test_proxy_jump(env):
-    code, (t,), err = _run(env, "viajump")
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_proxy_jump(env, transport):
+    code, (t,), err = _run(env, "--transport", transport, "viajump")
     assert t["status"] in ("ok", "partial") and t["target"] == "ssh:viajump"
 
 
-def test_wrong_key_is_auth_failed(env):
-    code, (t,), err = _run(env, "wrongkey", expect=3)
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_wrong_key_is_auth_failed(env, transport):
+    code, (t,), err = _run(env, "--transport", transport, "wrongkey", expect=3)
     msg = t["problems"][0]["message"]
     assert t["status"] == "auth_failed" and "no key was accepted" in msg
     assert "SHA256:" in msg and "--identity FILE" in msg  # which keys were tried, and how to choose
 
 
-def test_connection_refused(env, tmp_path):
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_connection_refused(env, tmp_path, transport):
     from tests.sshd import free_port
 
     port = free_port()
-    code, (t,), err = _run(env, "{}@127.0.0.1:{}".format(USER, port), expect=3)
+    code, (t,), err = _run(env, "--transport", transport, "{}@127.0.0.1:{}".format(USER, port), expect=3)
     assert t["status"] == "unreachable" and "refused" in t["problems"][0]["message"].lower()
 
 
-def test_silent_port_honours_the_deadline_and_spares_other_hosts(env):
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_silent_port_honours_the_deadline_and_spares_other_hosts(env, transport):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
@@ -256,7 +263,7 @@ def test_silent_port_honours_the_deadline_and_spares_other_hosts(env):
     try:
         start = time.monotonic()
         code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "3", "--json",
-                                  "--no-http",
+                                  "--no-http", "--transport", transport,
                                   "{}@127.0.0.1:{}".format(USER, listener.getsockname()[1]), "node"])
         took = time.monotonic() - start
     finally:
@@ -270,8 +277,9 @@ def test_silent_port_honours_the_deadline_and_spares_other_hosts(env):
     assert code == 3 and took < 20  # the 3 s deadline, not a hang
 
 
-def test_remote_without_python3(env):
-    code, (t,), err = _run(env, "nopython", expect=3)
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_remote_without_python3(env, transport):
+    code, (t,), err = _run(env, "nopython", "--transport", transport, expect=3)
     assert t["status"] == "error" and "no python3" in t["problems"][0]["message"]
 
 
@@ -408,13 +416,22 @@ def test_probe_answer_checks():
     assert exc.value.code == "probe.invalid_answer" and "nvml/gpus/0/total_bytes" in exc.value.message
 
 
-def test_encrypted_key_is_never_prompted_for_in_batch_use(env, server, tmp_path, keys):
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_encrypted_key_is_never_prompted_for_in_batch_use(tmp_path, keys, transport):
+    """The server accepts the key, whose private half is locked: no prompt outside a terminal, one clear line."""
     import subprocess
 
     locked = tmp_path / "locked"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f", str(locked)], check=True)
-    cfg = client_config(tmp_path / "cfg_locked", {"locked": _host(server, locked, env["known"])})
-    code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--json", "--no-http", "--timeout", "10", "locked"])
+    server = Sshd(tmp_path / "sshd", [keys["client"], locked])
+    try:
+        known = tmp_path / "known"
+        known.write_text(server.known_hosts_line())
+        cfg = client_config(tmp_path / "cfg_locked", {"locked": _host(server, locked, known)})
+        code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--json", "--no-http", "--timeout", "10",
+                                  "--transport", transport, "locked"])
+    finally:
+        server.stop()
     (t,) = json.loads(out)["targets"]
     assert t["status"] == "auth_failed"
     assert "needs a passphrase and this is not a terminal" in t["problems"][0]["message"]
@@ -507,11 +524,13 @@ def test_impossible_ports_are_refused(target):
     assert "is not 1–65535" in exc.value.message
 
 
-def test_match_exec_is_refused_before_anything_runs(tmp_path, monkeypatch):
+def test_match_exec_is_refused_before_anything_runs_on_paramiko(tmp_path, monkeypatch):
+    """paramiko would run the stanza's command while merely looking a host up: that transport refuses the file
+    (OpenSSH, the default, runs it as `ssh` does: test_openssh.py)."""
     monkeypatch.chdir(tmp_path)
     cfg = tmp_path / "cfg"
     cfg.write_text('Host *\n  User root\nMatch exec "touch {}"\n  User x\n'.format(tmp_path / "ran"))
-    code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "somehost"])
+    code, out, err = run_cli(["inspect", "--transport", "paramiko", "--ssh-config", str(cfg), "somehost"])
     assert code == 2 and "Match exec" in err and not (tmp_path / "ran").exists()
 
 
@@ -525,7 +544,7 @@ def test_proxycommand_is_refused_with_the_alternative(tmp_path):
     assert "ProxyJump" in exc.value.message
 
 
-def test_a_host_that_floods_stdout_is_cut_off(env, tmp_path):
+def test_a_host_that_floods_stdout_is_cut_off_on_paramiko(env, tmp_path):
     """A remote python3 that prints without end: the client stops at the cap, on time, with a bounded
     buffer (this host's 'python3' is a stand-in that floods)."""
     from agent.remote import ssh
@@ -599,17 +618,19 @@ def _failure(kind, env, server, keys, closed_ports):
 FAILURE_KINDS = ("closed port", "unknown host key", "changed host key", "wrong key")
 
 
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
 @pytest.mark.parametrize("several", [False, True], ids=["one target", "several targets"])
 @pytest.mark.parametrize("fmt", ["terminal", "markdown", "oneline", "json"])
 @pytest.mark.parametrize("kind", FAILURE_KINDS)
-def test_every_failed_target_is_said_in_one_line(env, server, keys, closed_ports, kind, fmt, several):
+def test_every_failed_target_is_said_in_one_line(env, server, keys, closed_ports, kind, fmt, several, transport):
     """One failed host alone used to print nothing at all (exit 3) in terminal and markdown output. Now each
     failed target is one line: on stderr beside a report, in the row (oneline) or the document (JSON)."""
     failures = [_failure(kind, env, server, keys, closed_ports)]
     if several:
         failures.append(_failure("closed port", env, server, keys, closed_ports))
     code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "60", "--no-http",
-                              "--no-color", "--format", fmt] + [target for target, _, _ in failures])
+                              "--no-color", "--format", fmt, "--transport", transport] +
+                             [target for target, _, _ in failures])
     assert code == 3, err
     lines = ["kvforensics: {}: {}: {}".format(*f) for f in failures]
     if fmt in ("terminal", "markdown"):

@@ -94,6 +94,13 @@ def inspect(
                                                  help="Record unknown hosts' keys (like StrictHostKeyChecking "
                                                       "accept-new); changed keys are always refused.")] = False,
     parallel: Annotated[int, Option("--parallel", help="Hosts inspected at once.")] = 16,
+    transport: Annotated[str, Option("--transport", metavar="auto|openssh|paramiko",
+                                     help="How SSH hosts are reached: the system's OpenSSH client (auto: when one "
+                                          "≥ 7.6 is on PATH, so whatever `ssh HOST` honours works), or paramiko "
+                                          "(no ProxyCommand, no Match exec).")] = "auto",
+    multiplex: Annotated[bool, Option("--multiplex/--no-multiplex",
+                                      help="OpenSSH: share one master connection per host for a minute "
+                                           "(ControlMaster), so the next look pays one round trip.")] = True,
     db: Db = None,
     engine: Engine = None,
     identity: Annotated[Optional[str], Option("--identity", "-i",
@@ -115,7 +122,7 @@ def inspect(
         margin=margin, request_tokens=request_tokens, nvml_lib=nvml_lib, log=log, startup=startup,
         model_config=model_config, save=save, from_file=from_file, http=http, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, parallel=parallel, db=db, engine=engine, timeout=timeout,
-        color=color, identity=identity, sort=sort, context=context)
+        color=color, identity=identity, sort=sort, context=context, transport=transport, multiplex=multiplex)
     early: Early = {}
     entries = _collect(settings, early)
     results = _analyse(settings, entries, early)
@@ -146,6 +153,8 @@ class InspectSettings:
     timeout: float
     identity: Optional[str]
     context: Optional[str]  # kubectl's --context, for k8s: targets
+    transport: str  # auto | openssh | paramiko (agent/remote/transport.py)
+    multiplex: bool
     # How snapshots are analysed and reported.
     db: Optional[str]
     opts: Options
@@ -166,7 +175,8 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
               model_config: Optional[str], save: Optional[str], from_file: Optional[str], http: bool,
               ssh_config: Optional[str], accept_new_host_keys: bool, parallel: int, db: Optional[str],
               engine: Optional[str], timeout: float, color: Optional[bool], identity: Optional[str],
-              sort: Optional[str], context: Optional[str] = None) -> InspectSettings:
+              sort: Optional[str], context: Optional[str] = None, transport: str = "auto",
+              multiplex: bool = True) -> InspectSettings:
     """The options, checked (the first problem found is the one reported, so the order is kept)."""
     level = fail_level(fail_on)
     opts = analysis_options(margin, request_tokens)
@@ -176,6 +186,8 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
         raise UsageProblem("--timeout must be more than 0 and at most 86400 seconds, not {:g}".format(timeout))
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
+    if transport not in ("auto", "openssh", "paramiko"):
+        raise UsageProblem("--transport takes auto, openssh or paramiko, not {!r}".format(transport))
     if sort is not None and sort not in ("unused", "host", "status"):
         raise UsageProblem("--sort takes unused, host or status")
     if identity is not None and not os.path.isfile(os.path.expanduser(identity)):
@@ -194,7 +206,8 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
         names=tuple(names), from_file=from_file, save=save, nvml_lib=nvml_lib, log=log, startup=startup,
         model_config=model_config, http=http, engine=engine, ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, identity=identity,
-        context=context, db=db, opts=opts, level=level, fmt=fmt, detail=detail, color=color, sort=sort)
+        context=context, transport=transport, multiplex=multiplex, db=db, opts=opts, level=level, fmt=fmt,
+        detail=detail, color=color, sort=sort)
 
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
@@ -297,13 +310,15 @@ def _collect_remote(remote: List[str], settings: InspectSettings, early: Early) 
     """Each remote host's entries (one per time it is named), with a progress bar on a terminal. Each
     snapshot is analysed as it arrives (into ``early``): the client's CPU works while the other hosts run
     their probes, instead of analysing every host in one serial tail after the last one answered."""
-    from agent.remote import fleet  # paramiko costs ~150 ms and ~18 MB: only for remote hosts
+    from agent.remote import fleet  # the transport's module only for remote hosts (paramiko: ~150 ms, ~18 MB)
 
     fleet_options = fleet.FleetOptions(settings.probe_options(), settings.ssh_config, settings.accept_new_host_keys,
-                                       settings.parallel, settings.timeout, settings.identity)
-    from agent.remote.ssh import SshError
+                                       settings.parallel, settings.timeout, settings.identity, settings.transport,
+                                       settings.multiplex)
+    from agent.remote.outcome import SshError
 
     progress, stop = fleet.progress_printer(len(remote))
+    _warm_up(settings.fmt)
 
     def done(r: HostResult) -> None:
         progress(r)
@@ -357,6 +372,29 @@ def _analyse(settings: InspectSettings, entries: List[Entry], early: Early) -> L
             kept = early.get(id(snap))
             results.append(kept[1] if kept is not None and kept[0] is snap else _analyse_one(settings, target, snap))
     return results
+
+
+def _warm_up(fmt: str) -> None:
+    """Import what analysing and reporting a host need while its ssh handshake runs (the thread waiting on ssh
+    holds no GIL): the first answer is then analysed at once, not after ~0.1 s of imports."""
+    import importlib
+    import threading
+
+    names = ["agent.model.evidence", "jsonschema", "agent.model.reconcile", "agent.model.rulebook",
+             "agent.model.verdict", "reports.json_report" if fmt == "json" else "reports.terminal"]
+
+    def load() -> None:
+        from agent.model import evidence
+        from agent.plugin import ENGINES
+
+        evidence._validator("snapshot")  # built on first use (the schema read, its validator made): now
+        for name in names:
+            importlib.import_module(name)
+        for engine in ENGINES.all():  # every engine's analysis: which one a host runs is not known yet
+            getattr(engine.build_analysis, "where", None) and importlib.import_module(
+                engine.build_analysis.where.split(":")[0])
+
+    threading.Thread(target=load, name="kvforensics-warm-up", daemon=True).start()
 
 
 def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Result:

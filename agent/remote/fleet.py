@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.remote import probe as probe_mod
-from agent.remote import ssh
+from agent.remote import transport
+from agent.remote.outcome import ExecResult, SshError
 
 DEFAULT_PARALLEL = 16
 DEFAULT_TIMEOUT_S = 30.0
@@ -46,64 +47,67 @@ class FleetOptions:
     parallel: int = DEFAULT_PARALLEL
     timeout_s: float = DEFAULT_TIMEOUT_S
     identity: Optional[str] = None  # --identity FILE: tried first, like ssh -i
+    transport: str = "auto"  # agent/remote/transport.py CHOICES
+    multiplex: bool = True  # OpenSSH: a shared master connection per host (ControlMaster)
 
 
-def _collect_one(target: str, config: Any, opts: FleetOptions, probe: probe_mod.Probe) -> HostResult:
+def _no_python(result: ExecResult) -> bool:
+    return result.exit_status == 127 or (result.exit_status != 0 and any(s in result.stderr for s in _NO_PYTHON)
+                                         and b"python3" in result.stderr)
+
+
+def _collect_one(target: str, way: transport.Transport, opts: FleetOptions, probe: probe_mod.Probe) -> HostResult:
     start = time.monotonic()
     deadline = start + opts.timeout_s
-    session = None
+    conn = None
+
+    def done(status: str, snap: Optional[Dict[str, Any]], problem: Optional[Tuple[str, str]], stderr: str = "",
+             result: Optional[ExecResult] = None, trips: int = 0) -> HostResult:
+        return HostResult(target=target, status=status, snapshot=snap, problem=problem, stderr=stderr,
+                          notes=tuple(conn.notes) if conn is not None else (),
+                          bytes_sent=result.bytes_sent if result is not None else 0, round_trips=trips,
+                          duration_s=time.monotonic() - start)
+
     try:
-        spec = ssh.resolve(target, config, opts.accept_new, opts.identity)
-        session = ssh.connect(spec, config, deadline, opts.accept_new)
-        result = ssh.exec_once(session, probe_mod.REMOTE_COMMAND, probe.script, deadline)
+        conn = way.open(target, deadline)
+        result = conn.exec(probe_mod.REMOTE_COMMAND, probe.script, deadline)
         trips = 1
         if probe_mod.wants_lzma(result.stdout):  # a python3 built without lzma: the deflated probe, once more
             probe, first_sent = probe.without_lzma(), result.bytes_sent
-            result = ssh.exec_once(session, probe_mod.REMOTE_COMMAND, probe.script, deadline)
+            result = conn.exec(probe_mod.REMOTE_COMMAND, probe.script, deadline)
             result, trips = replace(result, bytes_sent=first_sent + result.bytes_sent), 2
         stderr = result.stderr.decode("utf-8", "replace")[-4000:]
-        if result.exit_status == 127 or (result.exit_status != 0 and any(s in result.stderr for s in _NO_PYTHON)
-                                         and b"python3" in result.stderr):
-            return HostResult(target=target, status="error", snapshot=None,
-                              problem=("probe.python_not_found",
-                                       "{}: no python3 there (kvforensics needs only python3 >= 3.8 on the host; "
-                                       "nothing is installed)".format(target)),
-                              stderr=stderr, notes=tuple(session.notes), bytes_sent=result.bytes_sent,
-                              round_trips=trips, duration_s=time.monotonic() - start)
+        if _no_python(result):
+            return done("error", None, ("probe.python_not_found",
+                                        "{}: no python3 there (kvforensics needs only python3 >= 3.8 on the host; "
+                                        "nothing is installed)".format(target)), stderr, result, trips)
         try:
             snap = probe_mod.parse_answer(result.stdout, probe)
         except probe_mod.ProbeError as exc:
             last = stderr.strip().splitlines()[-1] if stderr.strip() else "no stderr"
-            return HostResult(target=target, status="error", snapshot=None,
-                              problem=(exc.code, "{}: {} (exit {}; {})".format(
-                                  target, exc.message, result.exit_status, last)), stderr=stderr,
-                              notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=trips,
-                              duration_s=time.monotonic() - start)
-        return HostResult(target=target, status="ok", snapshot=snap, problem=None, stderr=stderr,
-                          notes=tuple(session.notes), bytes_sent=result.bytes_sent, round_trips=trips,
-                          duration_s=time.monotonic() - start)
-    except ssh.SshError as exc:
-        return HostResult(target=target, status=exc.status, snapshot=None, problem=("ssh." + exc.status, exc.message),
-                          stderr="", notes=tuple(session.notes) if session else (), bytes_sent=0, round_trips=0,
-                          duration_s=time.monotonic() - start)
+            return done("error", None, (exc.code, "{}: {} (exit {}; {})".format(
+                target, exc.message, result.exit_status, last)), stderr, result, trips)
+        return done("ok", snap, None, stderr, result, trips)
+    except SshError as exc:
+        return done(exc.status, None, ("ssh." + exc.status, exc.message))
     except Exception as exc:  # noqa: BLE001 - one host's surprise must not end the sweep
-        return HostResult(target=target, status="error", snapshot=None,
-                          problem=("ssh.error", "{}: {}: {}".format(target, type(exc).__name__, exc)), stderr="",
-                          notes=(), bytes_sent=0, round_trips=0, duration_s=time.monotonic() - start)
+        return done("error", None, ("ssh.error", "{}: {}: {}".format(target, type(exc).__name__, exc)))
     finally:
-        if session is not None:
-            session.close()
+        if conn is not None:
+            conn.close()
 
 
 def run(targets: Sequence[str], opts: FleetOptions,
         on_done: Optional[Callable[[HostResult], None]] = None) -> List[HostResult]:
     """Every target's result, in the order given."""
-    config = ssh.load_config(opts.ssh_config)
+    way = transport.choose(opts.transport, transport.Settings(
+        ssh_config=opts.ssh_config, accept_new=opts.accept_new, identity=opts.identity, multiplex=opts.multiplex,
+        interactive=len(targets) == 1 and sys.stdin.isatty()))
     probe = probe_mod.build(dict(opts.probe_options, time_limit_s=opts.timeout_s))
     results: Dict[int, HostResult] = {}
     workers = max(1, min(opts.parallel, len(targets)))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_collect_one, t, config, opts, probe): i for i, t in enumerate(targets)}
+        futures = {pool.submit(_collect_one, t, way, opts, probe): i for i, t in enumerate(targets)}
         for fut in concurrent.futures.as_completed(futures):
             res = fut.result()
             results[futures[fut]] = res

@@ -32,7 +32,11 @@ from typing import List, Optional, Tuple
 
 import paramiko
 
+from agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
 from agent.remote.targets import port_number, split_target
+
+__all__ = ["ExecResult", "HostSpec", "MAX_STDERR_BYTES", "MAX_STDOUT_BYTES", "SshError", "connect", "exec_once",
+           "load_config", "resolve"]
 
 # paramiko logs transport errors itself; kvforensics reports each host's failure in one line.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)
@@ -40,15 +44,6 @@ logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts",)
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-
-
-class SshError(Exception):
-    """status: unreachable | auth_failed | host_key_refused | error."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -371,22 +366,10 @@ def connect(spec: HostSpec, config: paramiko.SSHConfig, deadline: float, accept_
         raise
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    """What one remote command gave back: exit status (-1: none came), stdout, stderr, the bytes sent on its stdin."""
-
-    exit_status: int
-    stdout: bytes
-    stderr: bytes
-    bytes_sent: int
-
-
 # While a probe runs, its exec loop sleeps on the channel's exit-status event, waking this often to read what
 # arrived: a 5 ms poll (before) woke each of 64 threads 200 times a second for the probe's whole run, each
 # wake taking the GIL from the threads doing handshakes; the end is seen at once, whatever this is.
 _IDLE_WAIT_S = 0.05
-MAX_STDOUT_BYTES = 64 << 20  # a snapshot with its startup's log lines is a few MB at most
-MAX_STDERR_BYTES = 1 << 20
 
 
 def exec_once(session: Session, command: str, stdin: bytes, deadline: float) -> ExecResult:

@@ -1,0 +1,270 @@
+"""The OpenSSH transport (the default) against real sshd servers on 127.0.0.1: what `ssh HOST` honours works
+(ProxyCommand, Match exec, multiplexing), and kvforensics' own guarantees hold on it (host keys through a proxy,
+a config's StrictHostKeyChecking no never trusting a host silently, floods, the paramiko fallback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.sshd import SSHD, USER, Sshd, client_config, keygen
+
+if SSHD is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("sshd is missing: .ci/run must install openssh-server")
+    pytest.skip("sshd not installed (CI installs openssh-server)", allow_module_level=True)
+
+# A ProxyCommand as the GPU clouds' are (aws ssm start-session, gcloud start-iap-tunnel, tsh proxy ssh): a program
+# that carries the SSH stream on its stdin and stdout; this one to 127.0.0.1, and it says it ran.
+RELAY = textwrap.dedent('''
+    import os, selectors, socket, sys
+    open(sys.argv[3], "a").write("relayed %s:%s\\n" % (sys.argv[1], sys.argv[2]))
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ, "in")
+    sel.register(s, selectors.EVENT_READ, "net")
+    while True:
+        for key, _ in sel.select():
+            if key.data == "in":
+                data = os.read(0, 65536)
+                if not data:
+                    s.shutdown(socket.SHUT_WR)
+                    sel.unregister(0)
+                    continue
+                s.sendall(data)
+            else:
+                data = s.recv(65536)
+                if not data:
+                    sys.exit(0)
+                os.write(1, data)
+''')
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    return {"client": keygen(d / "client"), "stranger": keygen(d / "stranger")}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, keys):
+    s = Sshd(tmp_path_factory.mktemp("sshd"), [keys["client"]])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def private_control_dir(monkeypatch):
+    """Each test's master connections in a folder of its own (short: a socket path holds 107 bytes)."""
+    folder = tempfile.mkdtemp(prefix="kvf-cm-")
+    os.chmod(folder, 0o700)
+    monkeypatch.setenv("KVFORENSICS_SSH_CONTROL_DIR", folder)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    yield Path(folder)
+    for sock in Path(folder).iterdir():  # the masters this test started: exit now, not a minute later
+        subprocess.run(["ssh", "-o", "ControlPath={}".format(sock), "-O", "exit", "x"], capture_output=True)
+    for left in Path(folder).iterdir():
+        left.unlink()
+    os.rmdir(folder)
+
+
+def _opts(server, key, known, **extra):
+    opts = {"HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key, "IdentitiesOnly": "yes",
+            "UserKnownHostsFile": known, "ConnectTimeout": 5}
+    opts.update(extra)
+    return opts
+
+
+def _collected(t):
+    """Reached and probed: ok, or partial (no NVML on this machine)."""
+    return t["status"] in ("ok", "partial")
+
+
+def _inspect(cfg, *targets, extra=()):
+    code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--timeout", "60", "--json", "--no-http",
+                              *extra, *targets])
+    return code, {t["target"]: t for t in json.loads(out)["targets"]}, err
+
+
+def test_a_proxycommand_a_match_exec_and_a_plain_alias_beside_them(server, keys, tmp_path):
+    known = tmp_path / "known"
+    known.write_text(server.known_hosts_line())
+    relay, marks, matched = tmp_path / "relay.py", tmp_path / "relayed", tmp_path / "matched"
+    relay.write_text(RELAY)
+    cfg = tmp_path / "config"
+    client_config(cfg, {"viaproxy": _opts(server, keys["client"], known, ProxyCommand="{} {} %h %p {}".format(
+        sys.executable, relay, marks)), "plain": _opts(server, keys["client"], known)})
+    # 1Password-style: a Match exec stanza that runs for every host (and here sets the User of one alias)
+    with open(str(cfg), "a") as f:
+        f.write('Match host matched exec "touch {}"\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n'
+                '  IdentitiesOnly yes\n  UserKnownHostsFile {}\n'.format(matched, server.port, USER, keys["client"],
+                                                                       known))
+    code, targets, err = _inspect(cfg, "viaproxy", "plain", "matched")
+    assert all(_collected(targets["ssh:" + t]) for t in ("viaproxy", "plain", "matched")), err
+    assert marks.read_text().startswith("relayed 127.0.0.1:{}".format(server.port))  # the proxy carried it
+    assert matched.exists()  # ssh ran the Match exec command, as `ssh matched` would
+
+
+def test_the_host_key_policy_holds_through_a_proxy(server, keys, tmp_path):
+    relay = tmp_path / "relay.py"
+    relay.write_text(RELAY)
+    proxy = "{} {} %h %p {}".format(sys.executable, relay, tmp_path / "relayed")
+    impostor = keygen(tmp_path / "impostor")
+    kind, b64 = Path(str(impostor) + ".pub").read_text().split()[:2]
+    (tmp_path / "changed").write_text("[127.0.0.1]:{} {} {}\n".format(server.port, kind, b64))
+    cfg = client_config(tmp_path / "config", {
+        "unknown": _opts(server, keys["client"], tmp_path / "empty", ProxyCommand=proxy),
+        "changed": _opts(server, keys["client"], tmp_path / "changed", ProxyCommand=proxy)})
+    code, targets, err = _inspect(cfg, "unknown", "changed")
+    assert code == 3
+    assert targets["ssh:unknown"]["status"] == targets["ssh:changed"]["status"] == "host_key_refused"
+    assert "not a known host (ssh-ed25519 key SHA256:" in targets["ssh:unknown"]["problems"][0]["message"]
+    assert not (tmp_path / "empty").exists()
+    code, targets, err = _inspect(cfg, "changed", extra=("--accept-new-host-keys",))
+    assert "CHANGED" in targets["ssh:changed"]["problems"][0]["message"]  # whatever the options
+    code, targets, err = _inspect(cfg, "unknown", extra=("--accept-new-host-keys",))
+    assert _collected(targets["ssh:unknown"]) and "recorded new host key for [127.0.0.1]:" in err
+
+
+def test_a_config_that_says_strict_checking_no_still_refuses_a_changed_key(server, keys, tmp_path):
+    """StrictHostKeyChecking no would let ssh connect past a changed key: kvforensics reads it (ssh -G) as
+    accept-new: a new host is recorded and said, a changed key refused."""
+    impostor = keygen(tmp_path / "impostor")
+    kind, b64 = Path(str(impostor) + ".pub").read_text().split()[:2]
+    (tmp_path / "changed").write_text("[127.0.0.1]:{} {} {}\n".format(server.port, kind, b64))
+    cfg = client_config(tmp_path / "config", {
+        "lax": _opts(server, keys["client"], tmp_path / "fresh", StrictHostKeyChecking="no"),
+        "laxchanged": _opts(server, keys["client"], tmp_path / "changed", StrictHostKeyChecking="no")})
+    code, targets, err = _inspect(cfg, "lax", "laxchanged")
+    assert _collected(targets["ssh:lax"]) and "recorded new host key" in err
+    assert targets["ssh:laxchanged"]["status"] == "host_key_refused"
+    assert (tmp_path / "changed").read_text().count("\n") == 1
+
+
+def test_a_second_look_reuses_the_master_connection(server, keys, tmp_path, private_control_dir):
+    known = tmp_path / "known"
+    known.write_text(server.known_hosts_line())
+    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    code, targets, err = _inspect(cfg, "node")
+    assert _collected(targets["ssh:node"]), err
+    (sock,) = list(private_control_dir.iterdir())
+    check = subprocess.run(["ssh", "-o", "ControlPath={}".format(sock), "-O", "check", "node"], capture_output=True,
+                           text=True)
+    assert check.returncode == 0 and "Master running" in check.stderr
+    # The master is ours: the folder is private, and another alias of the host with other keys gets its own.
+    assert private_control_dir.stat().st_mode & 0o077 == 0
+    code, targets, err = _inspect(cfg, "node")
+    assert _collected(targets["ssh:node"]) and list(private_control_dir.iterdir()) == [sock]
+
+
+def test_no_multiplex_leaves_no_master(server, keys, tmp_path, private_control_dir):
+    known = tmp_path / "known"
+    known.write_text(server.known_hosts_line())
+    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    code, targets, err = _inspect(cfg, "node", extra=("--no-multiplex",))
+    assert _collected(targets["ssh:node"]) and list(private_control_dir.iterdir()) == []
+
+
+def test_a_control_folder_others_can_write_is_not_used(server, keys, tmp_path, monkeypatch):
+    shared = tempfile.mkdtemp(prefix="kvf-cm-")
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("KVFORENSICS_SSH_CONTROL_DIR", shared)
+    known = tmp_path / "known"
+    known.write_text(server.known_hosts_line())
+    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    code, targets, err = _inspect(cfg, "node")
+    assert _collected(targets["ssh:node"]) and os.listdir(shared) == []
+    os.rmdir(shared)
+
+
+def test_a_flood_is_cut_off_on_the_openssh_transport_too(keys, tmp_path, monkeypatch):
+    from agent.remote import openssh
+
+    monkeypatch.setattr(openssh, "MAX_STDOUT_BYTES", 1 << 20)
+    flood = Sshd(tmp_path / "sshd", [keys["client"]], extra="ForceCommand yes kvforensics-flood")
+    try:
+        known = tmp_path / "known"
+        known.write_text(flood.known_hosts_line())
+        cfg = client_config(tmp_path / "config", {"flood": _opts(flood, keys["client"], known)})
+        code, targets, err = _inspect(cfg, "flood")
+    finally:
+        flood.stop()
+    t = targets["ssh:flood"]
+    assert t["status"] == "error" and "more than 1 MiB" in t["problems"][0]["message"]
+
+
+def test_identity_falls_back_to_the_default_keys_like_ssh_i(server, keys, tmp_path, monkeypatch):
+    """-i KEY adds a key to try first; ssh still tries the others (the config's IdentityFile here)."""
+    known = tmp_path / "known"
+    known.write_text(server.known_hosts_line())
+    cfg = client_config(tmp_path / "config", {"node": {"HostName": "127.0.0.1", "Port": server.port, "User": USER,
+                                                       "IdentityFile": keys["client"], "UserKnownHostsFile": known}})
+    code, targets, err = _inspect(cfg, "node", extra=("-i", str(keys["stranger"])))
+    assert _collected(targets["ssh:node"]), err
+
+
+@pytest.mark.parametrize("target", ["-oProxyCommand=touch /tmp/kvf-pwned", "a b", "node;id"])
+def test_a_target_is_never_an_option_or_a_command(target, tmp_path):
+    code, out, err = run_cli(["inspect", "--json", "--no-http", "--", target])
+    t = json.loads(out)["targets"][0]
+    assert t["status"] == "error" and not Path("/tmp/kvf-pwned").exists()
+
+
+def test_without_an_openssh_client_paramiko_connects_and_says_so(server, keys, tmp_path, monkeypatch):
+    from agent.remote import openssh
+
+    known = tmp_path / "known"
+    known.write_text(server.known_hosts_line())
+    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    monkeypatch.setattr(openssh, "_FOUND", {"ssh": None})
+    code, targets, err = _inspect(cfg, "node")
+    assert _collected(targets["ssh:node"])
+    assert err.count("connecting with paramiko") == 1
+
+
+def test_a_jump_host_whose_config_trusts_any_key_is_refused(server, keys, tmp_path):
+    """The command line's StrictHostKeyChecking does not reach a ProxyJump hop (ssh connects to it by its own
+    config): a hop that says no would be trusted silently."""
+    known = tmp_path / "known"
+    known.write_text(server.known_hosts_line())
+    cfg = client_config(tmp_path / "config", {
+        "inside": _opts(server, keys["client"], known, ProxyJump="laxjump"),
+        "laxjump": _opts(server, keys["client"], tmp_path / "other", StrictHostKeyChecking="no")})
+    code, targets, err = _inspect(cfg, "inside")
+    t = targets["ssh:inside"]
+    assert t["status"] == "host_key_refused" and "ProxyJump hop laxjump" in t["problems"][0]["message"]
+    assert not (tmp_path / "other").exists()  # nothing was contacted
+
+
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+@pytest.mark.parametrize("command,status,words", [
+    ("echo KVF-PROBE '{\"version\": 1, \"snapshot\": {}}'", "error", "ran different code than was sent"),
+    ("echo KVF-PROBE not-json", "error", "the probe's answer is unusable"),
+    ("sleep 30", "unreachable", "deadline reached"),
+], ids=["forged answer", "garbled answer", "slow host"])
+def test_a_lying_or_slow_host_costs_itself_alone_on_either_transport(keys, tmp_path, transport, command, status,
+                                                                   words):
+    import time
+
+    lying = Sshd(tmp_path / "sshd", [keys["client"]], extra="ForceCommand {}".format(command))
+    try:
+        known = tmp_path / "known"
+        known.write_text(lying.known_hosts_line())
+        cfg = client_config(tmp_path / "config", {"liar": _opts(lying, keys["client"], known)})
+        start = time.monotonic()
+        code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--timeout", "4", "--json", "--no-http",
+                                  "--transport", transport, "liar"])
+        took = time.monotonic() - start
+    finally:
+        lying.stop()
+    (t,) = json.loads(out)["targets"]
+    assert code == 3 and t["status"] == status and words in t["problems"][0]["message"], t["problems"]
+    assert took < 20  # the 4 s deadline, not sleep's 30
