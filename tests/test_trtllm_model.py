@@ -71,3 +71,20 @@ def test_the_pytorch_backend_short_of_its_margin_is_watched_not_cut(tmp_path):
     assert [p["role"] for p in t["startup"]["kv_passes"]] == ["temporary", "final"]
     assert t["verdict"]["cause_finding"] == "kv_fraction_semantics"
     assert "total 119.70 GiB − peak 113.65 GiB" in t["verdict"]["cause"]
+
+
+def test_an_fp8_kv_cache_only_where_the_pool_binds_and_the_config_shows_16_bits(tmp_path):
+    """The real 1.1.0rc3 gpt-oss-120b startup: its window was cut to what the pool holds, and its 73,728 B per token
+    are the model's 16-bit cache (36 layers × 8 KV heads × 64 × 2 × 2 B): FP8 doubles the tokens. Without the
+    config the log cannot tell the dtype: nothing is proposed."""
+    from tests.conftest import FIXTURES
+
+    log = next((FIXTURES / "real_trtllm").glob("py01_*.log"))
+    cfg = FIXTURES / "model_configs" / "gpt-oss-120b.json"
+    code, out, err = run_cli(["analyze", str(log), "--json", "--model-config", str(cfg)])
+    recs = {r["flag"]: r for r in json.loads(out)["targets"][0]["recommendations"]}
+    fp8 = recs["kv_cache_config.dtype"]
+    assert fp8["value"] == "fp8" and fp8["gain_tokens"] == 86720 and "window cut to 86,720 tokens" in fp8["rationale"]
+    assert "max(1, 8 KV heads // TP 1) × 64 × 2 (K, V) × 36 layers × 2 B = 73,728 B" in fp8["rationale"]
+    code, out, err = run_cli(["analyze", str(log), "--json"])
+    assert not json.loads(out)["targets"][0]["recommendations"]

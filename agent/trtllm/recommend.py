@@ -63,4 +63,41 @@ def resize_fraction(ctx: "Context") -> Iterator[Recommendation]:
                          fixes="unused_gpu_memory" if change.gain_bytes > 0 else "low_headroom")
 
 
-RECOMMENDERS = [on_failure, resize_fraction]
+def fp8_kv_cache(ctx: "Context") -> Iterator[Recommendation]:
+    """An 8-bit KV cache, where the log shows the pool binds (the window cut to what it holds, or fewer full-length
+    requests fit than the request slots) and the model's config shows the log's bytes per token are 16-bit: the
+    same memory then holds twice the tokens. Needs --model-config: the log prints bytes, not the dtype."""
+    a = ctx.analysis
+    cfg = a.options.model_config if isinstance(a, Analysis) else None
+    if not isinstance(a, Analysis) or a.failed is not None or cfg is None or not a.kv_cache_tokens:
+        return
+    cell = a.budget.cell_bytes
+    binds = a.window_cut is not None or (a.summary.context_len and a.summary.max_running_requests and
+                                         a.kv_cache_tokens // a.summary.context_len < a.summary.max_running_requests)
+    if not cell or not binds:
+        return
+    from agent.trtllm import kv_geometry
+
+    tp = a.server_args.get("tp_size") if isinstance(a.server_args.get("tp_size"), int) else a.rank_count
+    pp = a.server_args.get("pp_size") if isinstance(a.server_args.get("pp_size"), int) else 1
+    try:
+        sixteen, formula = kv_geometry.bytes_per_token(cfg, 2, tp, pp)
+    except kv_geometry.GeometryError:
+        return
+    if abs(sixteen - cell) > max(64, cell // 100):  # not this model's 16-bit cache (8-bit already, or no match)
+        return
+    yield Recommendation(
+        flag="kv_cache_config.dtype", value="fp8", gain_bytes=None, gain_tokens=a.kv_cache_tokens,
+        basis="estimated",
+        rationale="The log's {:,} B of KV per token is this model's 16-bit cache ({} = {:,} B, --model-config): an FP8 "
+        "cache holds about twice the tokens in the same memory, +{:,} per rank{}. FP8 needs Hopper, Ada or Blackwell "
+        "GPUs; its quality cost is the model's (ModelOpt-calibrated scales help).".format(
+            cell, formula, sixteen, a.kv_cache_tokens,
+            ", and the attention window cut to {:,} tokens comes back".format(a.window_cut.data["reduced_to"])
+            if a.window_cut is not None else ""),
+        gain_requests=gain_requests(a.kv_cache_tokens, a.kv_cache_tokens, a.summary.context_len,
+                                    a.options.request_tokens, a.summary.max_running_requests),
+        fixes="attention_window_reduced" if a.window_cut is not None else "concurrency_bound")
+
+
+RECOMMENDERS = [on_failure, resize_fraction, fp8_kv_cache]
