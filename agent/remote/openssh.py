@@ -44,7 +44,8 @@ MIN_VERSION = (7, 6)  # StrictHostKeyChecking accept-new
 CONTROL_PERSIST_S = 60
 CONTROL_DIR_ENV = "KVFORENSICS_SSH_CONTROL_DIR"
 _VERSION = re.compile(r"OpenSSH_(\d+)\.(\d+)")
-_DESTINATION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.%:+-]{0,252}\Z")
+# A name or alias (never starting with "-": it would be an option), or an IPv6 literal ("::1", "fe80::1%eth0").
+_DESTINATION = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.%:+-]{0,252}|[0-9A-Fa-f:.]{2,45}(?:%[\w.-]{1,32})?)\Z")
 _SSH_ERROR = 255
 _DEBUG = re.compile(rb"^debug\d: ")
 
