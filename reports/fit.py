@@ -204,11 +204,28 @@ def _pieces(word: str, width: int) -> List[str]:
     return pieces + ([word] if word else [])
 
 
+# A figure and the unit after it wrap as one word: "1.43" at a line's end and "GiB)" at the next one's start read
+# as two things (a piped report, a ticket).
+_FIGURE_WORD = re.compile(r"^[(\[~≈+−-]*\d[\d,.]*$")
+_UNIT_WORD = re.compile(r"^(?:GiB|MiB|KiB|TiB|GB|MB|KB|B|tokens?|requests?|%|ms|s)(?:$|[^\w])")
+
+
+def _kept_together(words: List[str]) -> List[str]:
+    out: List[str] = []
+    for word in words:
+        if out and _FIGURE_WORD.match(out[-1]) and _UNIT_WORD.match(word):
+            out[-1] += " " + word
+        else:
+            out.append(word)
+    return out
+
+
 def wrap(text: str, width: int) -> List[str]:
-    """Greedy word wrap; a word longer than the width is cut after a separator (``BREAKS``)."""
+    """Greedy word wrap, a figure kept with its unit; a word longer than the width is cut after a separator
+    (``BREAKS``)."""
     lines: List[str] = []
     line = ""
-    words = [piece for word in text.split() for piece in _pieces(word, width)]
+    words = [piece for word in _kept_together(text.split()) for piece in _pieces(word, width)]
     for word in words:
         candidate = word if not line else line + " " + word
         if line and cell_len(candidate) > width:

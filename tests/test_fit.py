@@ -69,3 +69,24 @@ def test_the_figure_pattern_tells_figures_from_names():
         assert fit.CUT_FIGURE.search(cut), cut
     for whole in ("TP0 …", "Info_v2 …", "GiB …", "line …"):
         assert not fit.CUT_FIGURE.search(whole), whole
+
+
+def test_a_figure_and_its_unit_wrap_as_one_word():
+    """Piped into a ticket at 80 columns the seed's cause read "CUDA graphs (1.43" / "GiB)": never again."""
+    from reports.fit import wrap
+
+    text = "It paid for the EAGLE3 draft (3.52 GiB), CUDA graphs (1.43 GiB) and workspaces (0.69 GiB); +45,981 tokens"
+    for width in range(20, 90):
+        lines = wrap(text, width)
+        assert " ".join(lines) == text
+        for a, b in zip(lines, lines[1:]):
+            assert not (a.split()[-1][-1:].isdigit() and b.split()[0].startswith(("GiB", "tokens"))), (width, a, b)
+
+
+def test_a_piped_report_fits_80_columns_without_columns_set(monkeypatch):
+    """Into less, a ticket or tee, with no COLUMNS: the width every report fits, not 120."""
+    from tests.conftest import run_cli
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, err = run_cli(["inspect", "--from", "examples/seed-node.json", "--no-color"])
+    assert max(len(line) for line in out.splitlines()) <= 80

@@ -200,5 +200,6 @@ def use_color(color: Optional[bool]) -> bool:
 
 
 def terminal_width() -> int:
-    """Columns to render for: the terminal's, 120 when piped, never under 80."""
-    return max(80, shutil.get_terminal_size((120, 24)).columns)
+    """Columns to render for: COLUMNS, else the terminal's; 80 when piped (into less, a ticket, tee: the width every
+    report fits), never under 80."""
+    return max(80, shutil.get_terminal_size((80, 24)).columns)
