@@ -12,24 +12,22 @@ from typing import Any, Optional, Sequence, Tuple
 
 from agent.model.records import severity_rank
 from agent.plugin import display
-from reports.terminal import FLEET_COLUMNS, gib_cell
+from reports.terminal import ONELINE_HEADER, oneline_row
 
 
 def render_analyses(analyses: Sequence[Any]) -> str:
     """The header, then one line per analysed startup."""
-    header = "\t".join(col.header for col in FLEET_COLUMNS)
-    return "\n".join([header] + ["\t".join(_cell(c) for c in analysis_row(a)) for a in analyses]) + "\n"
+    return "\n".join(["\t".join(ONELINE_HEADER)] + ["\t".join(_cell(c) for c in analysis_row(a))
+                                                    for a in analyses]) + "\n"
 
 
 def analysis_row(a: Any) -> Tuple[str, ...]:
-    """(log, status, GPUs, engine, model, KV tokens, unused GiB, worst finding) of one startup."""
+    """The oneline columns (reports/terminal.py ONELINE_HEADER) of one startup."""
     engine = "{} {}".format(display(a.engine, "?"), a.era.hint or "").strip()
-    tokens = a.summary.max_total_num_tokens
     unused = next((f.bytes for f in a.findings if f.code == "unused_gpu_memory"), None)
     worst = max(a.findings, key=lambda f: severity_rank(f.severity), default=None)
-    return (a.target.split(":", 1)[-1], a.status, str(len(a.ranks)) if a.ranks else "—", engine,
-            _model(a) or "—", "{:,}".format(tokens) if tokens else "—", gib_cell(unused) if unused else "—",
-            "{} {}".format(worst.severity, worst.code) if worst else "—")
+    return oneline_row(a.target.split(":", 1)[-1], a.status, len(a.ranks) or None, engine, _model(a),
+                       a.summary.max_total_num_tokens, unused, worst)
 
 
 def _model(a: Any) -> Optional[str]:

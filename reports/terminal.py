@@ -593,7 +593,7 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
                      engine_cell(i), model or "—",
                      "{:,}".format(a.summary.max_total_num_tokens) if a and a.summary.max_total_num_tokens else "—",
                      gib_cell(unused) if unused else "—",
-                     "{} {}".format(worst.severity, worst.code) if worst else "—"))
+                     "{} {}".format(worst.severity, worst.title) if worst else "—"))
     return rows
 
 
@@ -619,11 +619,34 @@ def _unused(r: Any) -> Optional[int]:
     return next((f.bytes for f in r.findings if f.code == "unused_gpu_memory"), None)
 
 
+# ``--format oneline``: for sort, awk and scripts. Plain numbers (tokens as digits, GiB as the header says), words
+# (the worst finding's title, its severity in a column of its own), the same nine columns for every row; a target
+# that could not be collected has its one-line reason last.
+ONELINE_HEADER = ("host", "status", "GPUs", "engine", "model", "KV tokens", "unused GiB", "severity",
+                  "worst finding")
+
+
+def oneline_row(host: str, status: str, gpus: Optional[int], engine: str, model: Optional[str],
+                tokens: Optional[int], unused: Optional[int], worst: Optional[Finding]) -> Tuple[str, ...]:
+    return (host, status, str(gpus) if gpus else "—", engine or "—", model or "—", str(tokens) if tokens else "—",
+            "{:.2f}".format(unused / GIB) if unused else "—", worst.severity if worst else "—",
+            worst.title if worst else "—")
+
+
 def render_oneline(results: Sequence[Any]) -> str:
-    """One tab-separated line per target (host, status, GPUs, engine, model, KV tokens, unused GiB, worst
-    finding), with a header: for grep, sort and awk over a fleet."""
-    header = "\t".join(col.header for col in FLEET_COLUMNS)
-    return "\n".join([header] + ["\t".join(row) for row in fleet_rows(results)]) + "\n"
+    """One tab-separated line per target under ONELINE_HEADER."""
+    rows = []
+    for i in results:
+        host = i.target.split(":", 1)[-1]
+        if isinstance(i, TargetFailure):
+            rows.append((host, i.status) + ("—",) * 6 + (i.message,))
+            continue
+        a = i.analysis
+        worst = max(i.findings, key=lambda f: severity_rank(f.severity), default=None)
+        rows.append(oneline_row(host, i.status, len(i.gpus), engine_cell(i), model_of(i),
+                                a.summary.max_total_num_tokens if a else None, _unused(i), worst))
+    return "\n".join(["\t".join(ONELINE_HEADER)] + ["\t".join(" ".join(c.split()) or "—" for c in row)
+                                                    for row in rows]) + "\n"
 
 
 def render_fleet(results: Sequence[Any], color: bool = True, width: int = 110) -> str:

@@ -163,6 +163,12 @@ def test_oneline_and_sort():
     bundle = str(ROOT / "examples" / "seed-node.json")
     code, out, err = run_cli(["inspect", "--from", bundle, "--format", "oneline", "--sort", "unused"])
     header, row = out.strip().split("\n")
-    assert header.split("\t")[0] == "host" and row.split("\t")[1] == "ok" and len(row.split("\t")) == 8
+    assert header.split("\t") == ["host", "status", "GPUs", "engine", "model", "KV tokens", "unused GiB", "severity",
+                                  "worst finding"]
+    cells = row.split("\t")
+    assert cells[1] == "ok" and len(cells) == 9
+    # plain numbers (digits, GiB as the header says) and words, never an internal code alone
+    assert cells[5] == "159277" and cells[6] == "3.06" and cells[7] == "warning"
+    assert cells[8] == "The draft model (LlamaForCausalLMEagle3) took 3.52 GiB out of the reserve"
     assert run_cli(["inspect", "--from", bundle, "--sort", "nope"])[0] == 2
     assert run_cli(["inspect", "--identity", "/nonexistent/key", "somehost"])[0] == 2

@@ -129,6 +129,7 @@ def test_a_pod_end_to_end_probe_by_exec_startup_by_logs(tmp_path, monkeypatch):
         calls = _standin(tmp_path, monkeypatch, {"inference/llama-0": dict(
             _pod(n), uid=UID, qos="Guaranteed", containers=["sidecar", "vllm"])})
         code, out, err = _inspect(monkeypatch, n, "k8s:inference/llama-0/vllm", "--json", "--context", "prod")
+        monkeypatch.setenv("COLUMNS", "120")  # the one-screen report's problem lines whole (80 columns clips them)
         brief = _inspect(monkeypatch, n, "k8s:inference/llama-0/vllm", "--no-color")[1]
         line = _inspect(monkeypatch, n, "k8s:inference/llama-0/vllm", "k8s:inference/gone", "--format", "oneline")
         pids = dict(n.pids)
