@@ -139,7 +139,7 @@ def test_fragment_is_analysed_for_what_it_holds(tmp_path):
 @pytest.mark.parametrize("content,expect", [
     (b"", "empty"),
     (b"\x00\x01\x02binary\x00" * 100, "not a text log"),
-    (b"hello\nworld\n", "no SGLang startup lines"),
+    (b"hello\nworld\n", "no startup lines of any engine found (looked for SGLang: 'Load weight'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, content, expect):
     p = tmp_path / "bad.log"

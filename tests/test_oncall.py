@@ -146,3 +146,11 @@ def test_from_verifies_the_probes_answer_as_over_ssh(probe_answer, change, line)
     probe_answer.write_bytes(raw.replace(old, new, 1))
     code, out, err = run_cli(["inspect", "--from", str(probe_answer)])
     assert (code, out, err) == (2, "", "kvforensics: error: {}: {}\n".format(probe_answer, line))
+
+
+def test_analyze_on_a_bundle_names_it_and_where_it_belongs():
+    """A bundle given to analyze: said for what it is, not "no SGLang startup lines found"."""
+    code, out, err = run_cli(["analyze", SEED_NODE])
+    assert code == 2 and err.count("\n") == 1
+    assert "kvforensics' own JSON (an evidence bundle or a probe's answer)" in err
+    assert "kvforensics inspect --from {}".format(SEED_NODE) in err

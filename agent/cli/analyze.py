@@ -13,8 +13,8 @@ from agent.cli.options import (
     Detail,
     FailOn,
     Margin,
-    ModelConfig,
-    ReportFormat,
+    ModelConfigLog,
+    ReportFormatLog,
     ReportJson,
     RequestTokens,
     Startup,
@@ -33,8 +33,8 @@ def analyze(
     log: Annotated[str, Argument(help="The engine's log: a file, a .gz file, or - for stdin.",
                                  show_default=False)],
     startup: Startup = -1,
-    model_config: ModelConfig = None,
-    fmt: ReportFormat = None,
+    model_config: ModelConfigLog = None,
+    fmt: ReportFormatLog = None,
     as_json: ReportJson = False,
     fail_on: FailOn = FAIL_ON,
     margin: Margin = MARGIN_GIB,
@@ -44,7 +44,7 @@ def analyze(
                                              "file).")] = False,
     color: Color = None,
     detail: Detail = False,
-    engine_kind: Annotated[str, Option("--engine-kind",
+    engine_kind: Annotated[str, Option("--engine-kind", metavar="ENGINE",
                                        help="Whose log it is: auto (from its line shapes) or an "
                                             "engine's name (an unknown name lists them).")] = "auto",
 ) -> None:
@@ -62,9 +62,10 @@ def analyze(
     target = "file:" + log
     try:
         cfg = load_model_config(model_config) if model_config else None
+        _not_our_json(log)
         excerpt = read_log(log, startup, count_lines=exact_lines, engine=engine_kind)
     except (LogReadError, ModelConfigError) as exc:
-        message = getattr(exc, "message", str(exc))
+        message = _no_engine(log, exc, engine_kind) or getattr(exc, "message", str(exc))
         if fmt == "json":
             code = "log." + getattr(exc, "code", "model_config")
             sys.stdout.write(json_report.render([], [json_report.error_target(target, "error", code, message)]))
@@ -86,3 +87,33 @@ def analyze(
 
         sys.stdout.write(terminal.render([analysis], color=use_color(color), width=terminal_width(), detail=detail))
     exit_for_findings(level, list(analysis.findings))
+
+
+def _not_our_json(log: str) -> None:
+    """kvforensics' own JSON (a bundle from --save, a snapshot, a probe's answer) is not an engine's log, even where
+    it carries a log's lines: LogReadError naming what it is and where it belongs (``inspect --from``)."""
+    from collectors.logfile import LogReadError
+
+    if log == "-":
+        return
+    try:
+        with open(log, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return  # the reader says why, in its words
+    text = head.lstrip()
+    ours = text.startswith(b"{") and (b'"kvforensics.' in text or text[1:].lstrip().startswith(b'"collector_runs"'))
+    if ours or head.startswith(b"KVF-PROBE ") or b"\nKVF-PROBE {" in head:
+        raise LogReadError("usage", "{}: this is kvforensics' own JSON (an evidence bundle or a probe's answer), not "
+                           "an engine's log: read it with `kvforensics inspect --from {}`".format(log, log))
+
+
+def _no_engine(log: str, exc: Exception, engine_kind: str) -> str:
+    """Under ``--engine-kind auto`` every engine was looked for, not the first one's lines alone: said so. "" to keep
+    the reader's own message."""
+    if getattr(exc, "code", "") != "no_startup" or engine_kind != "auto":
+        return ""
+    from collectors.plugin import ENGINES
+
+    looked = "; ".join("{}: {}".format(e.display, e.no_startup_hint) for e in ENGINES.all())
+    return "{}: no startup lines of any engine found (looked for {})".format(log, looked)

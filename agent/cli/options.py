@@ -36,19 +36,28 @@ Margin = Annotated[str, Option("--margin", metavar="SIZE",
                                     "2GiB, 512MiB, 1.5 (GiB when no unit).")]
 RequestTokens = Annotated[int, Option("--request-tokens",
                                       help="Tokens per request (prompt + output) for concurrency estimates.")]
-ModelConfig = Annotated[Optional[str], Option("--model-config",
+ModelConfig = Annotated[Optional[str], Option("--model-config", metavar="PATH",
                                               help="config.json or the model directory, to compute bytes per "
-                                                   "token from the architecture (live: default from "
-                                                   "--model-path).")]
+                                                   "token from the architecture (default: the running server's "
+                                                   "model folder, where it is one).")]
+# analyze's: a log has no server to take the model from
+ModelConfigLog = Annotated[Optional[str], Option("--model-config", metavar="PATH",
+                                                 help="config.json or the model directory, to compute bytes per "
+                                                      "token from the architecture.")]
 Startup = Annotated[int, Option("--startup",
                                 help="Which startup in the log: 1 = first, -1 = last, -2 = the one before.")]
 
 # The report: analyze and inspect.
 FORMATS = ("terminal", "json", "markdown", "oneline")
-ReportFormat = Annotated[Optional[str], Option("--format",
+ReportFormat = Annotated[Optional[str], Option("--format", metavar="FORMAT",
                                                help="terminal (default), json (schema kvforensics.report/1), "
                                                     "markdown (for tickets and chat) or oneline (one "
                                                     "tab-separated line per target, for grep and sort).")]
+ReportFormatLog = Annotated[Optional[str], Option("--format", metavar="FORMAT",
+                                                  help="terminal (default), json (schema kvforensics.report/1), "
+                                                       "markdown (for tickets and chat) or oneline (inspect's "
+                                                       "header and one tab-separated line for the log, for grep "
+                                                       "and sort).")]
 ReportJson = Annotated[bool, Option("--json", help="Print the JSON report: the same as --format json.")]
 FailOn = Annotated[str, Option("--fail-on",
                                help="Exit 1 when a finding is at least this severe: info, warning, error, "
@@ -63,9 +72,13 @@ DetailHosts = Annotated[bool, Option("--detail", "-v", help=DETAIL_HELP + " With
                                                                           "full report after the summary.")]
 
 # Collecting from a node: inspect, record and watch.
-NvmlLib = Annotated[Optional[str], Option("--nvml-lib",
+NvmlLib = Annotated[Optional[str], Option("--nvml-lib", metavar="PATH",
                                           help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this "
                                                "path (on the inspected host).")]
+# record, watch and serve run on the node itself
+NvmlLibHere = Annotated[Optional[str], Option("--nvml-lib", metavar="PATH",
+                                              help="Load the NVIDIA driver library (libnvidia-ml.so.1) from this "
+                                                   "path (default: the system's).")]
 Http = Annotated[bool, Option("--http/--no-http",
                               help="Ask the engine's loopback HTTP API for live metrics (KV usage, load).")]
 Log = Annotated[Optional[str], Option("--log",

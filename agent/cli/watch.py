@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-from agent.cli.options import Color, Http, NvmlLib, UsageProblem, use_color
+from agent.cli.options import Color, Http, NvmlLibHere, UsageProblem, use_color
 from agent.cli.params import Option
 
 
 def watch(
     interval: Annotated[float, Option("--interval", help="Seconds between refreshes.")] = 2.0,
     count: Annotated[int, Option("--count", help="Stop after this many refreshes (0 = until Ctrl-C).")] = 0,
-    nvml_lib: NvmlLib = None,
+    nvml_lib: NvmlLibHere = None,
     http: Http = True,
     color: Color = None,
 ) -> None:
