@@ -582,8 +582,8 @@ def fleet_rows(results: Sequence[Any]) -> List[Tuple[str, ...]]:
     """(host, status, GPUs, engine, model, KV tokens, unused GiB, worst finding) per target, in order."""
     rows = []
     for i in results:
-        if isinstance(i, TargetFailure):  # a target that could not be collected
-            rows.append((i.target.split(":", 1)[-1], i.status, "—", "—", "—", "—", "—", i.message))
+        if isinstance(i, TargetFailure):  # its reason is said once, on stderr (agent/cli/inspect.py)
+            rows.append((i.target.split(":", 1)[-1], i.status, "—", "—", "—", "—", "—", "— (stderr)"))
             continue
         a = i.analysis
         model = model_of(i)

@@ -274,6 +274,9 @@ def test_silent_port_honours_the_deadline_and_spares_other_hosts(env, transport)
     assert statuses["ssh:node"] in ("ok", "partial")
     silent = [t for t in targets if t["target"] != "ssh:node"][0]
     assert silent["status"] == "unreachable"
+    # the same words on either transport: the port answers TCP, and no SSH comes
+    assert "no SSH handshake within" in silent["problems"][0]["message"]
+    assert "does not speak SSH" in silent["problems"][0]["message"]
     assert code == 3 and took < 20  # the 3 s deadline, not a hang
 
 
@@ -628,13 +631,20 @@ def test_every_failed_target_is_said_in_one_line(env, server, keys, closed_ports
     failures = [_failure(kind, env, server, keys, closed_ports)]
     if several:
         failures.append(_failure("closed port", env, server, keys, closed_ports))
-    code, out, err = run_cli(["inspect", "--ssh-config", str(env["config"]), "--timeout", "60", "--no-http",
-                              "--no-color", "--format", fmt, "--transport", transport] +
-                             [target for target, _, _ in failures])
+    argv = ["inspect", "--ssh-config", str(env["config"]), "--timeout", "60", "--no-http", "--no-color", "--format",
+            fmt, "--transport", transport] + [target for target, _, _ in failures]
+    code, out, err = run_cli(argv)
     assert code == 3, err
     lines = ["kvforensics: {}: {}: {}".format(*f) for f in failures]
     if fmt in ("terminal", "markdown"):
-        assert err.splitlines() == lines
+        from reports.failures import short_reason
+
+        # said once, on stderr, short (the table gives the status only); the whole message with -v
+        short = ["kvforensics: {}: {}: {}".format(target, status, short_reason(status, "ssh." + status, message))
+                 for target, status, message in failures]
+        assert err.splitlines() == short and all(len(line) <= 100 for line in short)
+        assert not any(message in out for _, _, message in failures)
+        assert run_cli(argv + ["-v"])[2].splitlines() == lines
         assert (out == "") is (not several)  # one target: no table; several: the table, and the lines above
     elif fmt == "oneline":
         assert err == ""

@@ -462,19 +462,22 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
             sys.stdout.write(terminal.render_inspections(shown, color=use_color(settings.color), width=width,
                                                          detail=settings.detail))
     if settings.fmt in ("terminal", "markdown"):
-        _say_failures(results)
+        _say_failures(results, settings.detail)
     empty = _collected_nothing(inspections)
     if empty:
         sys.stderr.write("kvforensics: nothing could be collected from {}\n".format(", ".join(empty)))
 
 
-def _say_failures(results: List[Result]) -> None:
-    """One line on stderr per target that could not be collected. JSON and oneline carry these in their own
-    rows; a report has no place for them, and one failed host alone would otherwise print nothing at all. The
-    fleet table shows them too, but may cut the message (the fingerprint, the ssh-keygen line) to the width."""
+def _say_failures(results: List[Result], detail: bool) -> None:
+    """One line on stderr per target that could not be collected, said once (the fleet table gives its status
+    only): short, with the one thing to do (reports/failures.py); the whole message with -v. JSON and oneline
+    carry the whole message in their own rows."""
+    from reports.failures import short_reason
+
     for r in results:
         if isinstance(r, TargetFailure):
-            message = " ".join(r.message.split())  # one line, whatever the host or paramiko said
+            short = not detail and r.target.startswith("ssh:")  # a pod's kubectl message is one short line already
+            message = short_reason(r.status, r.code, r.message) if short else " ".join(r.message.split())
             sys.stderr.write("kvforensics: {}: {}: {}\n".format(r.target.split(":", 1)[-1], r.status, message))
 
 

@@ -89,7 +89,11 @@ def _collect_one(target: str, way: transport.Transport, opts: FleetOptions, prob
                 target, exc.message, result.exit_status, last)), stderr, result, trips)
         return done("ok", snap, None, stderr, result, trips)
     except SshError as exc:
-        return done(exc.status, None, ("ssh." + exc.status, exc.message))
+        message = exc.message
+        if "deadline reached" in message:  # the same words for a probe cut off, whatever the transport
+            message = "{}: no answer within {:g} s (--timeout): the probe was still running or the connection " \
+                "hung".format(target, opts.timeout_s)
+        return done(exc.status, None, ("ssh." + exc.status, message))
     except Exception as exc:  # noqa: BLE001 - one host's surprise must not end the sweep
         return done("error", None, ("ssh.error", "{}: {}: {}".format(target, type(exc).__name__, exc)))
     finally:

@@ -127,6 +127,7 @@ class Connection:
     settings: Dict[str, str]  # ``ssh -G`` of the destination
     options: Options
     fingerprint: str = ""  # of everything ssh -G resolved: which master connection this destination may share
+    connect_timeout: int = 0  # the ConnectTimeout the last ssh ran with
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -143,9 +144,12 @@ class Connection:
         return "yes"
 
     def argv(self, command: str, deadline: float) -> List[str]:
-        left = max(1, int(deadline - time.monotonic()))
+        # ssh's own timeout a second before the deadline: a silent port is then ssh's "no handshake", said the
+        # same way whatever --timeout is, and the deadline is left for a probe that runs too long.
+        left = max(1, int(deadline - time.monotonic()) - 1)
         configured = self.settings.get("connecttimeout", "none")
         timeout = min(left, int(configured)) if configured.isdigit() and int(configured) > 0 else left
+        self.connect_timeout = timeout
         alive = self.settings.get("serveraliveinterval", "0")
         args = [self.client.path, "-v", "-T", "-a", "-x", "-o", "BatchMode={}".format(
             "no" if self.options.interactive else "yes"),
@@ -402,11 +406,14 @@ def _network_failure(conn: Connection, text: str, said: List[str]) -> SshError:
     m = _CONNECT.search(text)
     if m is not None:  # ssh's own words after the host: "Connection refused", "Connection timed out", …
         return SshError("unreachable", "{}: {}".format(conn.name, m.group(1).strip()))
+    if "banner exchange" in text and "timed out" in text:  # paramiko's words for the same silent port
+        return SshError("unreachable", "{}: no SSH handshake within {} s (the port accepts TCP but does not speak "
+                        "SSH)".format(conn.name, conn.connect_timeout))
     for words, why in (("Could not resolve hostname", "cannot resolve the host name"),
                        ("Connection closed by", "the connection was closed before SSH began"),
                        ("Connection reset by", "the connection was reset"),
                        ("kex_exchange_identification", "the connection was closed before SSH began"),
-                       ("banner exchange", "no SSH handshake (the port accepts TCP but does not speak SSH)"),
+                       ("banner exchange", "no SSH handshake"),
                        ("Connection timed out", "connection timed out")):
         if words in text:
             return SshError("unreachable", "{}: {} ({})".format(conn.name, why, _short(said)))

@@ -317,6 +317,9 @@ def _open_transport(sock: object, spec: HostSpec, timeout: float, session: Sessi
     try:
         t.start_client(timeout=timeout)
     except (paramiko.SSHException, EOFError, OSError) as exc:
+        if "banner" in str(exc).lower():  # the port took TCP and sent no SSH banner in time: OpenSSH's words
+            raise SshError("unreachable", "{}: no SSH handshake within {:.0f} s (the port accepts TCP but does not "
+                                          "speak SSH)".format(spec.known_hosts_name, timeout)) from None
         raise SshError("unreachable", "{}: no SSH handshake ({})".format(spec.known_hosts_name,
                                                                          exc or type(exc).__name__)) from None
     if not t.is_active() or t.session_id is None:
