@@ -103,12 +103,6 @@ COLUMNS = (Col("GPU", "right"), Col("rank", priority=30, give=fit.NOTES), Col("s
            Col("now", "right"))
 
 
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
-
-
 def _rows(r: Any, plots: Dict[int, List[Optional[int]]]) -> List[Tuple[List[str], List[Optional[int]]]]:
     """One row per group of GPUs whose figures and plots are identical: (cells, the plot's values)."""
     keys = [("{:,}".format(g.samples), _gib(g.min_free_bytes), _when(g.min_free_at), _gib(g.max_free_bytes),
@@ -117,8 +111,7 @@ def _rows(r: Any, plots: Dict[int, List[Optional[int]]]) -> List[Tuple[List[str]
     for members in fit.collapse_rows(keys, list(range(len(r.gpus)))):
         gpus = [r.gpus[i] for i in members]
         key = keys[members[0]]
-        # the rank is text from the file: a table cell is rich markup, so '[/x]' must stay text
-        rank = escape(fit.rank_label([g.rank for g in gpus]))
+        rank = fit.rank_label([g.rank for g in gpus])  # text from the file: the table prints cells as text
         out.append(([fit.group_label([g.gpu for g in gpus]), rank] + list(key[:5]), list(key[5])))
     return out
 

@@ -103,6 +103,7 @@ def print_table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequ
     """A table fitted to the console (``reports/fit.py``), its title above and footnotes below; a table
     whose required columns are wider than the console is printed as several, its first column in each."""
     from rich.table import Table
+    from rich.text import Text
 
     if title:
         _heading(c, title)
@@ -112,7 +113,9 @@ def print_table(c: Any, title: Optional[str], columns: Sequence[Col], rows: Sequ
             table.add_column(col.header, justify=col.justify, width=w, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
                              style=col.style)
         for i, row in enumerate(fitted.rows):
-            table.add_row(*row, style=row_styles[i] if row_styles else None)
+            # Text, not markup: a cell is data from a host or a file ("[/bold]" in a rank stays text), and a cell
+            # moved to a footnote is the same characters there
+            table.add_row(*(Text(cell) for cell in row), style=row_styles[i] if row_styles else None)
         c.print(table)
         for marker, text in fitted.notes:
             say(c, text, indent=len(marker) + 1, first=marker, style="dim")
