@@ -413,7 +413,7 @@ def test_the_documented_dcgm_join_labels_its_series_with_the_engine(tmp_path):
 
     import yaml
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "cron-prometheus-alerts.md").read_text()
     expr = re.search(r"`(DCGM_FI_DEV_GPU_UTIL \* on\(UUID\)[^`]+)`", readme).group(1)
     dcgm = ('DCGM_FI_DEV_GPU_UTIL{{gpu="{0}", UUID="GPU-{0}", pci_bus_id="00000000:1{0}:00.0", '
             'modelName="NVIDIA H100 80GB HBM3", Hostname="gpu-07", instance="10.0.0.5:9400"}}')

@@ -92,10 +92,11 @@ def test_markdown_fleet_table():
     from reports import markdown
 
     insp = inspect_snapshot(bundles.load(str(SEED_NODE)), "ssh:gpu-07", Options())
-    out = markdown.render_fleet([insp, TargetFailure("ssh:gpu-08", "unreachable", "ssh.unreachable",
+    out = markdown.render_fleet([insp, TargetFailure("ssh:gpu|08", "unreachable", "ssh.unreachable",
                                                      "connection refused | timed out")])
     assert "| gpu-07 | ok | 8 | SGLang 0.5.6–0.5.8 | Kimi-K2.5-INT4 | 159,277 | 3.06 |" in out
-    assert "connection refused \\| timed out" in out  # a pipe inside a cell is escaped
+    assert "| gpu\\|08 | unreachable |" in out  # a pipe inside a cell is escaped
+    assert "connection refused" not in out  # a failure's reason is said once, on stderr
 
 
 @pytest.mark.parametrize("argv", [ANALYZE, INSPECT])

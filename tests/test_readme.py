@@ -1,6 +1,6 @@
-"""The README's pasted reports are real output: each whole report it shows (a ```text block that
-opens with "kvforensics <target>") is what that command prints at 80 columns today. A change to the
-report's wording shows here, and the README is updated with the change."""
+"""The README's and the manual's pasted reports are real output: each whole report they show (a ```text block
+that opens with "kvforensics <target>") is what that command prints at 80 columns today. A change to the
+report's wording shows here, and the page is updated with the change."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-BLOCKS = re.findall(r"```text\n(kvforensics (?:bundle|file):.*?)```", README, re.S)
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+BLOCKS = [b for page in PAGES
+          for b in re.findall(r"```text\n(kvforensics (?:bundle|file):.*?)```", page.read_text(encoding="utf-8"), re.S)]
 COMMANDS = {
     "bundle:examples/seed-node.json": ["inspect", "--from", "examples/seed-node.json"],
     "file:examples/kimi-k2.5-tp8-eagle3.log": ["analyze", "examples/kimi-k2.5-tp8-eagle3.log", "--model-config",
@@ -19,7 +20,7 @@ COMMANDS = {
 }
 
 
-def test_the_readme_shows_both_default_reports():
+def test_the_readme_and_the_manual_show_both_default_reports():
     targets = [block.split()[1] for block in BLOCKS]
     assert set(targets) == set(COMMANDS), targets
 
