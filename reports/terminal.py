@@ -340,21 +340,23 @@ def recommendation_gains(r: Recommendation) -> str:
 _GPU_PREFIX = re.compile(r"^GPU (\d+): ")
 
 
-def grouped_problems(problems: Sequence[Any]) -> List[str]:
-    """'code: message' per problem, those that differ only in their GPU as one ('GPU 0,2–7: …')."""
+def grouped_problems(problems: Sequence[Any], codes: bool = True) -> List[str]:
+    """'code: message' (or the message alone) per problem, those that differ only in their GPU as one
+    ('GPU 0,2–7: …')."""
     groups: Dict[Tuple[str, str, bool], List[int]] = {}
     for p in problems:
         m = _GPU_PREFIX.match(p.message)
         gpus = groups.setdefault((p.code, p.message[m.end():] if m else p.message, m is not None), [])
         if m:
             gpus.append(int(m.group(1)))
-    return ["{}: {}{}".format(code, "GPU {}: ".format(fit.ranges(gpus)) if per_gpu else "", message)
-            for (code, message, per_gpu), gpus in groups.items()]
+    return ["{}{}{}".format(code + ": " if codes else "", "GPU {}: ".format(fit.ranges(gpus)) if per_gpu else "",
+                            message) for (code, message, per_gpu), gpus in groups.items()]
 
 
 def problem_lines(c: Any, problems: Sequence[Any]) -> None:
-    """What could not be collected or read, a line each (the same on several GPUs: one line)."""
-    for text in grouped_problems(problems):
+    """What could not be collected or read, a line each (the same on several GPUs: one line), in words: the codes
+    are in --detail and the JSON."""
+    for text in grouped_problems(problems, codes=False):
         clipped(c, text, 2, 1, first="!", style="yellow", first_style="yellow")
 
 
