@@ -15,6 +15,8 @@ from collectors import lineformat
 from collectors.lineformat import LineFormat
 from collectors.sglang import formats as sglang_formats
 from collectors.sglang import log as sglang_log
+from collectors.trtllm import formats as trtllm_formats
+from collectors.trtllm import log as trtllm_log
 from collectors.vllm import formats as vllm_formats
 from collectors.vllm import log as vllm_log
 from tests.conftest import FIXTURES, ROOT
@@ -23,7 +25,8 @@ RUN = 200_000
 FILLERS = {"blanks": " ", "digits": "7", "word characters": "w"}
 BOUND_S = 2.0  # per row, all its inputs together (CPU time)
 ROWS: Dict[Tuple[str, str], LineFormat] = {**{("vllm", r.name): r for r in vllm_formats.FORMATS},
-                                           **{("sglang", r.name): r for r in sglang_formats.FORMATS}}
+                                           **{("sglang", r.name): r for r in sglang_formats.FORMATS},
+                                           **{("trtllm", r.name): r for r in trtllm_formats.FORMATS}}
 
 # Rows no fixture log prints: a line as the engine's format string writes it.
 WRITTEN = {
@@ -53,6 +56,17 @@ WRITTEN = {
     ("vllm", "oom_error"): "torch.OutOfMemoryError: boom",
     ("vllm", "profile_error"): "AssertionError: Error in memory profiling. Initial free memory 70.2 GiB",
     ("vllm", "stat_logger"): "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 1.0 tokens/s",
+    ("trtllm", "both_set_cpp"): "Both freeGpuMemoryFraction (aka kv_cache_free_gpu_mem_fraction) and maxTokens (aka "
+                                "max_tokens_in_paged_kv_cache) are set (to 0.900000 and 32768, respectively). The "
+                                "smaller value will be used.",
+    ("trtllm", "estimated_tokens"): "Estimated max tokens in KV cache : 123456",
+    ("trtllm", "exception"): "RuntimeError: Executor creation failed",
+    ("trtllm", "max_bytes_given"): "max_gpu_total_bytes=12.00 GiB is provided. New max memory is 12.00 GiB",
+    ("trtllm", "max_tokens_given"): "max_tokens=100000 is provided. It limits max memory to 12.21 GiB. New "
+                                    "max_memory is set to 12.21 GiB",
+    ("trtllm", "max_tokens_given_11"): "max_tokens=100000 is provided, max_memory is set to 12.21 GiB",
+    ("trtllm", "ready_triton"): "Started HTTPService at 0.0.0.0:8000",
+    ("trtllm", "window_pool"): "[windowSize=4096] {.primaryBlocks=257, .secondayBlocks=0}",
 }
 
 
@@ -74,6 +88,12 @@ def _samples() -> Dict[Tuple[str, str], str]:
                 hit = sglang_log.classify(msg)
                 if hit and lineformat.match([hit[0]], msg):  # not behind a 0.2.x "[gpu_id=0] "
                     found.setdefault(("sglang", hit[0].name), msg)
+    for path in sorted(glob.glob(str(FIXTURES / "real_trtllm" / "*.log"))):
+        for raw in open(path, encoding="utf-8", errors="replace"):
+            msg = trtllm_log.split_record(raw)[5]
+            hit = lineformat.match(trtllm_formats.FORMATS, msg) if msg else None
+            if hit:
+                found.setdefault(("trtllm", hit[0].name), msg)
     return {**WRITTEN, **found}
 
 
@@ -117,6 +137,9 @@ def test_the_line_splitters_read_200_kb_runs_in_linear_time(filler):
         vllm_log.parse_line(raw)
     for raw in (run, "[2026-01-01 10:00:00 TP0] " + run, "svc" + run + "| x"):
         sglang_log.parse_line(raw)
+    for raw in (run, "[TensorRT-LLM][INFO] " + run, "[12/20/2025-04:20:04] [TRT-LLM] [RANK 0] [I] " + run,
+                "I0412 10:22:33.123456 1234 model.cc:1] " + run, "2025-01-01 10:00:00 | x | " + run):
+        trtllm_log.parse_line(raw)
     assert time.process_time() - started < BOUND_S
 
 
