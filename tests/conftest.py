@@ -107,6 +107,7 @@ def _ssh_masters_of_this_run():
     """The OpenSSH transport's shared master connections (agent/remote/openssh.py) in a folder of this run's own,
     closed when the run ends: another copy of the suite never shares one, and none outlives the run."""
     import os
+    import shutil
     import subprocess
     import tempfile
 
@@ -123,6 +124,5 @@ def _ssh_masters_of_this_run():
         for name in os.listdir(folder):
             subprocess.run(["ssh", "-o", "ControlPath={}".format(os.path.join(folder, name)), "-O", "exit", "x"],
                            capture_output=True, timeout=10)
-        for name in os.listdir(folder):
-            os.unlink(os.path.join(folder, name))
-        os.rmdir(folder)
+        # a master removes its own socket as it exits, maybe after this looks: what is gone is gone
+        shutil.rmtree(folder, ignore_errors=True)
