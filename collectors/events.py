@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from collectors.shipping import unwrap
 
-__all__ = ["EngineStartup", "EventCap", "LogEvent", "MAX_STARTUP_BYTES", "MAX_STARTUP_EVENTS", "notes", "segment"]
+__all__ = ["EngineStartup", "EventCap", "LogEvent", "MAX_STARTUP_BYTES", "MAX_STARTUP_EVENTS", "StartupBook", "notes",
+           "segment"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,56 @@ class EventCap:
         return True
 
 
+S = TypeVar("S")
+_DROPPED: Tuple[LogEvent, ...] = ()  # a startup counted, not kept (shared, empty)
+
+
+class StartupBook:
+    """What every engine's segmenter keeps: the startups seen, whether each has ended, and the events past each
+    one's cap. ``keep`` bounds memory for any input: with ``keep=k > 0`` only the first k startups keep their
+    events, with ``keep=-k`` only the last k; the others are counted, not stored (a log of a million crash-loop
+    restarts costs a counter, not gigabytes). An engine's segmenter decides where a startup begins and ends."""
+
+    def __init__(self, keep: Optional[int] = None) -> None:
+        self.startups: List[Any] = []  # each a list of events, or _DROPPED where not kept
+        self._closed: List[bool] = []
+        self._dropped: List[int] = []  # per startup: events past the cap
+        self._cap = EventCap()
+        self._keep = keep
+
+    @property
+    def current_closed(self) -> bool:
+        return bool(self._closed) and self._closed[-1]
+
+    def open_startup(self) -> None:
+        """A new startup: kept or only counted, its cap fresh; one that can no longer be among the last k dropped."""
+        index = len(self.startups)
+        self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
+        self._closed.append(False)
+        self._dropped.append(0)
+        self._cap.reset()
+        if self._keep is not None and self._keep < 0 and index >= -self._keep:
+            self.startups[index + self._keep] = _DROPPED
+
+    def admit(self, ev: LogEvent) -> bool:
+        """Store ``ev`` in the current startup (where kept); False past its cap: then neither kept nor to be
+        remembered, so what a segmenter holds per startup stays bounded too."""
+        if not self._cap.admit(ev):
+            self._dropped[-1] += 1
+            return False
+        self.append(ev)
+        return True
+
+    def append(self, ev: LogEvent) -> None:
+        """Add ``ev`` to the current startup without the cap (a line that only ends it)."""
+        if self.startups[-1] is not _DROPPED:
+            self.startups[-1].append(ev)
+
+    def results(self, startup: Callable[..., S]) -> List[S]:
+        return [startup(tuple(evs), closed, dropped=dropped)
+                for evs, closed, dropped in zip(self.startups, self._closed, self._dropped)]
+
+
 def notes(startup: EngineStartup) -> Tuple[str, ...]:
     """What the reader must say about a startup it could not keep whole."""
     if not startup.dropped:
@@ -94,7 +145,6 @@ def notes(startup: EngineStartup) -> Tuple[str, ...]:
                 startup.dropped, MAX_STARTUP_EVENTS, MAX_STARTUP_BYTES >> 20),)
 
 
-S = TypeVar("S")
 
 
 def segment(rows: Iterable[Tuple[Optional[int], int, str]], parse_line: Callable[[str, Optional[int], int],

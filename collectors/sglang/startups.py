@@ -16,9 +16,9 @@ prints no "draft" marker on those lines (research §1.2), so order within the ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from collectors.events import EngineStartup, EventCap, LogEvent, segment
+from collectors.events import EngineStartup, LogEvent, StartupBook, segment
 from collectors.sglang.log import parse_line
 
 _BEGIN_KINDS = ("dist_init_begin", "load_begin")
@@ -40,22 +40,12 @@ def _group(rank: Optional[str]) -> str:
     return ""
 
 
-_DROPPED: Tuple[LogEvent, ...] = ()
-
-
-class StartupSegmenter:
-    """Feed events in file order; ``startups`` holds the launches seen so far.
-
-    ``keep`` bounds memory for any input: with ``keep=k > 0`` only the first k startups keep their
-    events, with ``keep=-k`` only the last k; the others are counted, not stored (a log of a million
-    crash-loop restarts costs a counter, not gigabytes)."""
+class StartupSegmenter(StartupBook):
+    """Feed events in file order; ``startups`` holds the launches seen so far (``keep``: collectors/events.py
+    StartupBook)."""
 
     def __init__(self, keep: Optional[int] = None) -> None:
-        self.startups: List[Sequence[LogEvent]] = []  # _DROPPED (shared, empty) where not kept
-        self._closed: List[bool] = []
-        self._dropped: List[int] = []  # per startup: events past the cap
-        self._cap = EventCap()
-        self._keep = keep
+        super().__init__(keep)
         self._fed = 0  # events of the current startup, kept or not
         self._reset()
 
@@ -66,28 +56,14 @@ class StartupSegmenter:
         self._failed = False
         self._speculative: Optional[bool] = None  # from server_args; None = unknown
 
-    @property
-    def current_closed(self) -> bool:
-        return bool(self._closed) and self._closed[-1]
-
     def feed(self, ev: LogEvent) -> None:
         if not self.startups or self._is_boundary(ev):
-            index = len(self.startups)
-            self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
-            self._closed.append(False)
-            self._dropped.append(0)
-            self._cap.reset()
+            self.open_startup()
             self._fed = 0
             self._reset()
-            if self._keep is not None and self._keep < 0 and index >= -self._keep:
-                self.startups[index + self._keep] = _DROPPED  # can no longer be among the last k
         self._fed += 1
-        if not self._cap.admit(ev):
-            self._dropped[-1] += 1
-            return  # past the cap: neither kept nor remembered (the per-rank state stays bounded too)
-        if self.startups[-1] is not _DROPPED:
-            self.startups[-1].append(ev)  # type: ignore[union-attr]
-        self._update(ev)
+        if self.admit(ev):  # past the cap: neither kept nor remembered (the per-rank state stays bounded too)
+            self._update(ev)
 
     def _is_boundary(self, ev: LogEvent) -> bool:
         if ev.kind == "server_args":
@@ -123,8 +99,7 @@ class StartupSegmenter:
             self._closed[-1] = True
 
     def result(self) -> List[Startup]:
-        return [Startup(tuple(evs), closed, dropped=dropped)
-                for evs, closed, dropped in zip(self.startups, self._closed, self._dropped)]
+        return self.results(Startup)
 
 
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:

@@ -19,12 +19,12 @@ has rank ``None``; the failure and ready rows still read it.
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from collectors import lineformat
 from collectors.events import LogEvent
 
-__all__ = ["LogEvent", "parse_line", "parse_lines", "split_record"]
+__all__ = ["LogEvent", "parse_line", "split_record"]
 
 _ANSI = re.compile(r"(?:\x1b|\^\[)\[[0-9;?]*[ -/]*[@-~]")
 # Wrappers before the record, any order, each at most once in practice: mpirun's tag, Triton's glog header,
@@ -97,11 +97,3 @@ def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[Lo
     text = msg if len(msg) <= 240 else msg[:237] + "..."
     return [LogEvent(kind=row.kind, line=line, offset=offset, rank=rank, ts=ts, data=data, text=text, raw=raw,
                      fmt=row.name)]
-
-
-def parse_lines(lines: Iterable[str]) -> List[LogEvent]:
-    events: List[LogEvent] = []
-    for number, raw in enumerate(lines, 1):
-        events.extend(parse_line(raw, number, 0))
-    return events
-

@@ -13,9 +13,9 @@ are kept, not dropped as a paste's repeats, because their number is the number o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Iterable, List, Optional, Set, Tuple
 
-from collectors.events import EngineStartup, EventCap, LogEvent, segment
+from collectors.events import EngineStartup, LogEvent, StartupBook, segment
 from collectors.trtllm.log import parse_line
 
 _PREAMBLE = ("banner", "backend", "mpi")
@@ -30,18 +30,11 @@ class Startup(EngineStartup):
     engine: str = "trtllm"
 
 
-_DROPPED: Tuple[LogEvent, ...] = ()
-
-
-class StartupSegmenter:
-    """Feed events in file order (``keep``: as collectors/sglang/startups.StartupSegmenter)."""
+class StartupSegmenter(StartupBook):
+    """Feed events in file order (``keep``: collectors/events.py StartupBook)."""
 
     def __init__(self, keep: Optional[int] = None) -> None:
-        self.startups: List[Sequence[LogEvent]] = []
-        self._closed: List[bool] = []
-        self._dropped: List[int] = []
-        self._cap = EventCap()
-        self._keep = keep
+        super().__init__(keep)
         self._reset()
 
     def _reset(self) -> None:
@@ -50,33 +43,16 @@ class StartupSegmenter:
         self._weighed: Set[str] = set()  # ranks that printed their weights snapshot
 
     @property
-    def current_closed(self) -> bool:
-        return bool(self._closed) and self._closed[-1]
-
-    @property
     def awaiting_end(self) -> bool:
         return bool(self.startups) and not self._closed[-1] and self._fed > 0
 
     def feed(self, ev: LogEvent) -> None:
         if not self.startups or self._is_boundary(ev):
-            self._open()
+            self.open_startup()
+            self._reset()
         self._fed += 1
-        if not self._cap.admit(ev):
-            self._dropped[-1] += 1
-            return
-        if self.startups[-1] is not _DROPPED:
-            self.startups[-1].append(ev)  # type: ignore[union-attr]
-        self._update(ev)
-
-    def _open(self) -> None:
-        index = len(self.startups)
-        self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
-        self._closed.append(False)
-        self._dropped.append(0)
-        self._cap.reset()
-        self._reset()
-        if self._keep is not None and self._keep < 0 and index >= -self._keep:
-            self.startups[index + self._keep] = _DROPPED
+        if self.admit(ev):
+            self._update(ev)
 
     def _is_boundary(self, ev: LogEvent) -> bool:
         if self._fed == 0:
@@ -98,8 +74,7 @@ class StartupSegmenter:
             self._closed[-1] = True
 
     def result(self) -> List[Startup]:
-        return [Startup(tuple(evs), closed, dropped=dropped)
-                for evs, closed, dropped in zip(self.startups, self._closed, self._dropped)]
+        return self.results(Startup)
 
 
 def segment_lines(lines: Iterable[Tuple[Optional[int], int, str]]) -> List[Startup]:

@@ -13,9 +13,9 @@ line from the same worker (Ray Serve relays a line twice; a paste repeated) are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Iterable, List, Optional, Set, Tuple
 
-from collectors.events import EngineStartup, EventCap, LogEvent, segment
+from collectors.events import EngineStartup, LogEvent, StartupBook, segment
 from collectors.vllm.log import parse_line
 
 _LAUNCH_KINDS = ("engine_config", "args")
@@ -32,18 +32,11 @@ class Startup(EngineStartup):
     engine: str = "vllm"
 
 
-_DROPPED: Tuple[LogEvent, ...] = ()
-
-
-class StartupSegmenter:
-    """Feed events in file order (``keep``: as collectors/sglang/startups.StartupSegmenter)."""
+class StartupSegmenter(StartupBook):
+    """Feed events in file order (``keep``: collectors/events.py StartupBook)."""
 
     def __init__(self, keep: Optional[int] = None) -> None:
-        self.startups: List[Sequence[LogEvent]] = []
-        self._closed: List[bool] = []
-        self._dropped: List[int] = []  # per startup: events past the cap
-        self._cap = EventCap()
-        self._keep = keep
+        super().__init__(keep)
         self._reset()
 
     def _reset(self) -> None:
@@ -58,10 +51,6 @@ class StartupSegmenter:
         self._banners: Set[str] = set()  # the engine cores that printed their banner
 
     @property
-    def current_closed(self) -> bool:
-        return bool(self._closed) and self._closed[-1]
-
-    @property
     def awaiting_end(self) -> bool:
         """A startup is open: a serving line would end it."""
         return bool(self.startups) and not self._closed[-1] and self._fed > 0
@@ -69,21 +58,18 @@ class StartupSegmenter:
     def feed(self, ev: LogEvent) -> None:
         if ev.kind == "serving":  # ends the open startup; alone (days of stat lines) it starts none
             if self.startups and not self._closed[-1] and self._fed:
-                if self.startups[-1] is not _DROPPED:
-                    self.startups[-1].append(ev)  # type: ignore[union-attr]
+                self.append(ev)
                 self._closed[-1] = True
             return
         key = (ev.rank or "", ev.fmt, ev.text)
         if self._repeat(ev, key):
             return
         if not self.startups or self._is_boundary(ev):
-            self._open()
+            self.open_startup()
+            self._reset()
         self._fed += 1
-        if not self._cap.admit(ev):
-            self._dropped[-1] += 1
+        if not self.admit(ev):
             return  # past the cap: neither kept nor remembered (the sets below stay bounded too)
-        if self.startups[-1] is not _DROPPED:
-            self.startups[-1].append(ev)  # type: ignore[union-attr]
         self._texts.add(key)
         self._update(ev)
 
@@ -92,17 +78,6 @@ class StartupSegmenter:
         line twice; a paste repeated); once the startup ended, the same line is the next launch's."""
         return bool(self.startups) and key in self._texts and ev.kind in _MEMORY_KINDS and ev.kind != "weights" \
             and not self._closed[-1]
-
-    def _open(self) -> None:
-        """A new startup: kept or only counted (``keep``), its state and its cap fresh."""
-        index = len(self.startups)
-        self.startups.append([] if self._keep is None or self._keep < 0 or index < self._keep else _DROPPED)
-        self._closed.append(False)
-        self._dropped.append(0)
-        self._cap.reset()
-        self._reset()
-        if self._keep is not None and self._keep < 0 and index >= -self._keep:
-            self.startups[index + self._keep] = _DROPPED
 
     def _is_boundary(self, ev: LogEvent) -> bool:
         if self._fed == 0:
@@ -143,8 +118,7 @@ class StartupSegmenter:
             self._closed[-1] = True
 
     def result(self) -> List[Startup]:
-        return [Startup(tuple(evs), closed, dropped=dropped)
-                for evs, closed, dropped in zip(self.startups, self._closed, self._dropped)]
+        return self.results(Startup)
 
 
 def _process_name(ev: LogEvent) -> str:
