@@ -61,6 +61,25 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class KvCheck:
+    """An engine's KV budget formula recomputed from the log's figures against the figure it logged, for one rank
+    or worker (the kv_budget_check finding)."""
+
+    rank: str
+    formula: str
+    predicted_bytes: Optional[int]
+    logged_bytes: Optional[int]
+    tolerance_bytes: int
+    evidence: Tuple[str, ...]
+
+    @property
+    def agrees(self) -> Optional[bool]:
+        if self.predicted_bytes is None or self.logged_bytes is None:
+            return None
+        return abs(self.predicted_bytes - self.logged_bytes) <= self.tolerance_bytes
+
+
+@dataclass(frozen=True)
 class KvChange:
     """An engine flag change that moves the KV pool by at most the bytes asked for, after the
     engine's own rounding of the flag: what the unused-memory finding quotes and the

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from agent.model import flags
 from agent.model.citing import CitesEvent, where
-from agent.model.records import Finding, KvChange, Options, Problem, Recommendation
+from agent.model.records import Finding, KvChange, KvCheck, Options, Problem, Recommendation
 from collectors.events import LogEvent
 from collectors.trtllm.formats import PRINT_TOLERANCE_BYTES
 from collectors.trtllm.startups import Startup
@@ -196,24 +196,6 @@ class Failure(CitesEvent):
 
 
 @dataclass(frozen=True)
-class Check:
-    """Predicted vs logged KV bytes for one rank (kv_budget_check)."""
-
-    rank: str
-    formula: str
-    predicted_bytes: Optional[int]
-    logged_bytes: Optional[int]
-    tolerance_bytes: int
-    evidence: Tuple[str, ...]
-
-    @property
-    def agrees(self) -> Optional[bool]:
-        if self.predicted_bytes is None or self.logged_bytes is None:
-            return None
-        return abs(self.predicted_bytes - self.logged_bytes) <= self.tolerance_bytes
-
-
-@dataclass(frozen=True)
 class Analysis:
     """One TensorRT-LLM startup analysed, then the rule book's findings, recommendations and verdict."""
 
@@ -231,7 +213,7 @@ class Analysis:
     rank_count: int
     window_cut: Optional[LogEvent]  # the final pass's 'Attention window size … Reducing to'
     user_cap: Optional[LogEvent]  # max_tokens / max_gpu_total_bytes that bound the final pool
-    checks: Tuple[Check, ...]
+    checks: Tuple[KvCheck, ...]
     stages_seen: Tuple[str, ...]
     last_event: Optional[LogEvent]
     complete: bool
@@ -671,13 +653,13 @@ def _pytorch_cap(events: Tuple[LogEvent, ...]) -> Optional[LogEvent]:
     return None
 
 
-def _checks(ranks: Tuple[Rank, ...], final: Optional[KvPass], analysis_fraction: Optional[float]) -> List[Check]:
-    out: List[Check] = []
+def _checks(ranks: Tuple[Rank, ...], final: Optional[KvPass], analysis_fraction: Optional[float]) -> List[KvCheck]:
+    out: List[KvCheck] = []
     for r in ranks:
         if r.peak_bytes is not None and r.total_gpu_bytes is not None and r.free_gpu_memory_fraction is not None \
                 and r.available_kv_bytes is not None:
             base = r.total_gpu_bytes - r.peak_bytes + (r.temporary_kv_bytes or 0)
-            out.append(Check(
+            out.append(KvCheck(
                 rank=r.rank, formula="free_gpu_memory_fraction × (device total − profiled peak + temporary KV pool) "
                 "(TensorRT-LLM 1.0+ tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator)",
                 predicted_bytes=int(r.free_gpu_memory_fraction * base), logged_bytes=r.available_kv_bytes,
@@ -685,7 +667,7 @@ def _checks(ranks: Tuple[Rank, ...], final: Optional[KvPass], analysis_fraction:
                 evidence=(r.sources.get("peak_bytes", ""),)))
         if r.available_bytes is not None and analysis_fraction is not None and final is not None \
                 and final.kv_cache_bytes and final.role == "final":
-            out.append(Check(
+            out.append(KvCheck(
                 rank=r.rank, formula="free_gpu_memory_fraction × available (TensorRT-LLM 0.10+ batch_manager/"
                 "kvCacheManager.cpp calculateMaxNumBlocks / calculateFreeMemBytes)",
                 predicted_bytes=int(analysis_fraction * r.available_bytes), logged_bytes=final.kv_cache_bytes,

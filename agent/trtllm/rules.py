@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
+from agent.model import fragment
 from agent.model.citing import and_list, where
 from agent.model.records import Finding
 from agent.trtllm.analysis import STAGE_WORDS, STAGES, Analysis, Failure, Rank
@@ -75,23 +76,14 @@ def _too_few(f: Failure) -> str:
 def incomplete_startup(a: Analysis) -> Iterator[Finding]:
     if a.complete or a.failed is not None:
         return
-    if a.last_event is None:
-        title = "The log shows no startup stage: it is a fragment"
-    else:
-        title = "The log stops before the server was ready: the last stage it shows is {} ({})".format(
-            STAGE_WORDS[a.stages_seen[-1]], where(a.last_event))
-    seen = a.stages_seen[-1] if a.stages_seen else None
-    missing = [STAGE_WORDS[x] for x in STAGES[STAGES.index(seen) + 1 if seen else 0:]]
-    yield Finding(code="incomplete_startup", severity="info", title=title,
-                  detail="TensorRT-LLM's startup continues after this (the KV cache, the warm-up and CUDA graphs, the "
-                  "server) and may still fail, so this report makes no unused-memory verdict and recommends no "
-                  "fraction raise. To settle it, include the startup up to 'Application startup complete' "
-                  "(trtllm-serve) or 'Started HTTPService' (Triton).",
-                  evidence=(where(a.last_event),) if a.last_event is not None else (),
-                  proof="{}not shown: {}".format("last stage {} ({}); ".format(STAGE_WORDS[seen], where(a.last_event))
-                                                 if seen and a.last_event is not None else "", ", ".join(missing)),
-                  action="paste the startup up to 'Application startup complete' or 'Started HTTPService', or run "
-                  "`kvforensics inspect` on the node")
+    yield fragment.incomplete_startup(
+        STAGES, STAGE_WORDS, a.stages_seen, a.last_event, "the server was ready",
+        detail="TensorRT-LLM's startup continues after this (the KV cache, the warm-up and CUDA graphs, the "
+        "server) and may still fail, so this report makes no unused-memory verdict and recommends no "
+        "fraction raise. To settle it, include the startup up to 'Application startup complete' "
+        "(trtllm-serve) or 'Started HTTPService' (Triton).",
+        action="paste the startup up to 'Application startup complete' or 'Started HTTPService', or run "
+        "`kvforensics inspect` on the node")
 
 
 def fraction_semantics(a: Analysis) -> Iterator[Finding]:

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from agent.model import flags
 from agent.model.citing import CitesEvent, where
 from agent.model.geometry import GeometryError, KvGeometry
-from agent.model.records import Finding, KvChange, Options, Problem, Recommendation
+from agent.model.records import Finding, KvChange, KvCheck, Options, Problem, Recommendation
 from agent.vllm import kv_geometry
 from collectors.events import LogEvent
 from collectors.lineformat import Version
@@ -168,24 +168,6 @@ class Failure(CitesEvent):
 
 
 @dataclass(frozen=True)
-class Check:
-    """Predicted vs logged KV bytes for one worker (kv_budget_check)."""
-
-    rank: str
-    formula: str
-    predicted_bytes: Optional[int]
-    logged_bytes: Optional[int]
-    tolerance_bytes: int
-    evidence: Tuple[str, ...]
-
-    @property
-    def agrees(self) -> Optional[bool]:
-        if self.predicted_bytes is None or self.logged_bytes is None:
-            return None
-        return abs(self.predicted_bytes - self.logged_bytes) <= self.tolerance_bytes
-
-
-@dataclass(frozen=True)
 class Analysis:
     """One vLLM startup analysed: its era, per-worker ledgers, KV figures, budget checks and failure, then the rule
     book's findings, recommendations and verdict."""
@@ -207,7 +189,7 @@ class Analysis:
     kv_cache_dtype: Optional[str]
     max_concurrency: Optional[Dict[str, Any]]
     concurrency_source: str
-    checks: Tuple[Check, ...]
+    checks: Tuple[KvCheck, ...]
     stages_seen: Tuple[str, ...]
     last_event: Optional[LogEvent]
     complete: bool
@@ -1034,8 +1016,8 @@ def _problems(reader_notes: Tuple[str, ...], complete: bool, died: Optional[Fail
     return tuple(problems)
 
 
-def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era) -> List[Check]:
-    out: List[Check] = []
+def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era) -> List[KvCheck]:
+    out: List[KvCheck] = []
     for ev in events:
         d = ev.data
         rank = ev.rank or ""
@@ -1045,19 +1027,19 @@ def _checks(workers: Tuple[Worker, ...], events: Tuple[LogEvent, ...], era: Era)
                 continue
             pred = budget.data["requested_bytes"] - d["profile_weights_bytes"] - d["non_torch_bytes"] \
                 - d["activation_bytes"]
-            out.append(Check(rank=rank, formula="total_gpu_memory × gpu_memory_utilization − weights − non_torch − "
+            out.append(KvCheck(rank=rank, formula="total_gpu_memory × gpu_memory_utilization − weights − non_torch − "
                              "activation peak (vLLM 0.6.5–0.10.2 worker.py determine_num_available_blocks)",
                              predicted_bytes=pred, logged_bytes=d["available_kv_bytes"],
                              tolerance_bytes=4 * PRINT_TOLERANCE_BYTES, evidence=(where(budget), where(ev))))
         elif ev.kind == "global_profile":
             pred = int(d["total_bytes"] * d["utilization"]) - d["peak_torch_bytes"] - d["non_torch_bytes"]
-            out.append(Check(rank=rank, formula="total_gpu_memory × gpu_memory_utilization − peak_torch − non_torch "
+            out.append(KvCheck(rank=rank, formula="total_gpu_memory × gpu_memory_utilization − peak_torch − non_torch "
                              "(vLLM 0.6.4.x worker.py determine_num_available_blocks)", predicted_bytes=pred,
                              logged_bytes=d["available_kv_bytes"], tolerance_bytes=4 * PRINT_TOLERANCE_BYTES,
                              evidence=(where(ev),)))
         elif ev.kind == "suggestion" and d.get("consumed_bytes") is not None and d.get("activation_bytes") is not None:
             pred = d["requested_bytes"] - d["consumed_bytes"] - d["activation_bytes"]
-            out.append(Check(rank=rank, formula="requested − consumed (weights + non-torch) − peak activation (with "
+            out.append(KvCheck(rank=rank, formula="requested − consumed (weights + non-torch) − peak activation (with "
                              "the CUDA graph estimate) (vLLM 0.27+ gpu_worker.py determine_available_memory)",
                              predicted_bytes=pred, logged_bytes=d.get("available_kv_bytes"),
                              tolerance_bytes=4 * PRINT_TOLERANCE_BYTES, evidence=(where(ev),)))
