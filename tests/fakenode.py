@@ -305,18 +305,7 @@ class FakeVllmNode(FakeNode):
         out.close()
         if listener is not None:
             listener.close()  # the server holds its copy
-        self.procs.append(server)
-        self.server_pid = server.pid
-        pids_file = self.dir / "pids.json"
-        deadline = time.time() + 20
-        while not pids_file.exists() and time.time() < deadline and server.poll() is None:
-            time.sleep(0.05)
-        if not pids_file.exists():
-            self.stop()
-            raise RuntimeError("the fake vLLM server did not start: " + self.log.read_text()[-2000:])
-        import json
-
-        self.pids = json.loads(pids_file.read_text())
+        self.pids = self._started(server, "the fake vLLM server")
         # The GPU holder of each rank: V1 TP>1 the workers, TP=1 the engine core; V0 the server, then its forks.
         if self.era == "v0":
             holders = [self.server_pid] + [self.pids["tp{}".format(r)] for r in range(1, self.tp)]
@@ -327,6 +316,21 @@ class FakeVllmNode(FakeNode):
         self.scheduler_pids = dict(enumerate(holders))
         self.start_foreign()
         self.write_scenario()
+
+    def _started(self, server: subprocess.Popen, what: str) -> Dict[str, Any]:
+        """The PIDs the fake server wrote once its processes were up (pids.json); stopped and said otherwise."""
+        import json
+
+        self.procs.append(server)
+        self.server_pid = server.pid
+        pids_file = self.dir / "pids.json"
+        deadline = time.time() + 20
+        while not pids_file.exists() and time.time() < deadline and server.poll() is None:
+            time.sleep(0.05)
+        if not pids_file.exists():
+            self.stop()
+            raise RuntimeError(what + " did not start: " + self.log.read_text()[-2000:])
+        return json.loads(pids_file.read_text())
 
     def write_scenario(self) -> None:
         lines = ["driver 580.159.04", "nvml 13.580.159.04", "cuda 13000"]
@@ -470,18 +474,7 @@ class FakeTrtllmNode(FakeVllmNode):
         server = self.spawn(argv, out, env, pass_fds=(listener.fileno(),))
         out.close()
         listener.close()
-        self.procs.append(server)
-        self.server_pid = server.pid
-        pids_file = self.dir / "pids.json"
-        deadline = time.time() + 20
-        while not pids_file.exists() and time.time() < deadline and server.poll() is None:
-            time.sleep(0.05)
-        if not pids_file.exists():
-            self.stop()
-            raise RuntimeError("the fake trtllm-serve did not start: " + self.log.read_text()[-2000:])
-        import json
-
-        self.pids = json.loads(pids_file.read_text())
+        self.pids = self._started(server, "the fake trtllm-serve")
         self.scheduler_pids = dict(enumerate(self.pids["workers"]))
         self.start_foreign()
         self.write_scenario()
