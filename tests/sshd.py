@@ -69,6 +69,14 @@ class Sshd:
         self.proc.wait(timeout=10)
 
 
+def host_options(server: "Sshd", key: Path, known: Path, **extra: object) -> dict:
+    """An alias's OpenSSH options for ``server``: its port, this user, one key, its own known_hosts file."""
+    opts = {"HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key,
+            "IdentitiesOnly": "yes", "UserKnownHostsFile": known, "ConnectTimeout": 5}
+    opts.update(extra)
+    return opts
+
+
 def client_config(path: Path, hosts: dict) -> Path:
     """hosts: alias -> dict of OpenSSH options."""
     lines = []

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.sshd import SSHD, USER, Sshd, client_config, keygen
+from tests.sshd import SSHD, USER, Sshd, client_config, host_options, keygen
 
 if SSHD is None:
     if os.environ.get("CI"):
@@ -75,13 +75,6 @@ def private_control_dir(monkeypatch):
     shutil.rmtree(folder, ignore_errors=True)  # a master removes its own socket as it exits, maybe after this looks
 
 
-def _opts(server, key, known, **extra):
-    opts = {"HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key, "IdentitiesOnly": "yes",
-            "UserKnownHostsFile": known, "ConnectTimeout": 5}
-    opts.update(extra)
-    return opts
-
-
 def _collected(t):
     """Reached and probed: ok, or partial (no NVML on this machine)."""
     return t["status"] in ("ok", "partial")
@@ -99,8 +92,8 @@ def test_a_proxycommand_a_match_exec_and_a_plain_alias_beside_them(server, keys,
     relay, marks, matched = tmp_path / "relay.py", tmp_path / "relayed", tmp_path / "matched"
     relay.write_text(RELAY)
     cfg = tmp_path / "config"
-    client_config(cfg, {"viaproxy": _opts(server, keys["client"], known, ProxyCommand="{} {} %h %p {}".format(
-        sys.executable, relay, marks)), "plain": _opts(server, keys["client"], known)})
+    client_config(cfg, {"viaproxy": host_options(server, keys["client"], known, ProxyCommand="{} {} %h %p {}".format(
+        sys.executable, relay, marks)), "plain": host_options(server, keys["client"], known)})
     # 1Password-style: a Match exec stanza that runs for every host (and here sets the User of one alias)
     with open(str(cfg), "a") as f:
         f.write('Match host matched exec "touch {}"\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n'
@@ -120,8 +113,8 @@ def test_the_host_key_policy_holds_through_a_proxy(server, keys, tmp_path):
     kind, b64 = Path(str(impostor) + ".pub").read_text().split()[:2]
     (tmp_path / "changed").write_text("[127.0.0.1]:{} {} {}\n".format(server.port, kind, b64))
     cfg = client_config(tmp_path / "config", {
-        "unknown": _opts(server, keys["client"], tmp_path / "empty", ProxyCommand=proxy),
-        "changed": _opts(server, keys["client"], tmp_path / "changed", ProxyCommand=proxy)})
+        "unknown": host_options(server, keys["client"], tmp_path / "empty", ProxyCommand=proxy),
+        "changed": host_options(server, keys["client"], tmp_path / "changed", ProxyCommand=proxy)})
     code, targets, err = _inspect(cfg, "unknown", "changed")
     assert code == 3
     assert targets["ssh:unknown"]["status"] == targets["ssh:changed"]["status"] == "host_key_refused"
@@ -140,8 +133,8 @@ def test_a_config_that_says_strict_checking_no_still_refuses_a_changed_key(serve
     kind, b64 = Path(str(impostor) + ".pub").read_text().split()[:2]
     (tmp_path / "changed").write_text("[127.0.0.1]:{} {} {}\n".format(server.port, kind, b64))
     cfg = client_config(tmp_path / "config", {
-        "lax": _opts(server, keys["client"], tmp_path / "fresh", StrictHostKeyChecking="no"),
-        "laxchanged": _opts(server, keys["client"], tmp_path / "changed", StrictHostKeyChecking="no")})
+        "lax": host_options(server, keys["client"], tmp_path / "fresh", StrictHostKeyChecking="no"),
+        "laxchanged": host_options(server, keys["client"], tmp_path / "changed", StrictHostKeyChecking="no")})
     code, targets, err = _inspect(cfg, "lax", "laxchanged")
     assert _collected(targets["ssh:lax"]) and "recorded new host key" in err
     assert targets["ssh:laxchanged"]["status"] == "host_key_refused"
@@ -151,7 +144,7 @@ def test_a_config_that_says_strict_checking_no_still_refuses_a_changed_key(serve
 def test_a_second_look_reuses_the_master_connection(server, keys, tmp_path, private_control_dir):
     known = tmp_path / "known"
     known.write_text(server.known_hosts_line())
-    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    cfg = client_config(tmp_path / "config", {"node": host_options(server, keys["client"], known)})
     code, targets, err = _inspect(cfg, "node")
     assert _collected(targets["ssh:node"]), err
     (sock,) = list(private_control_dir.iterdir())
@@ -167,7 +160,7 @@ def test_a_second_look_reuses_the_master_connection(server, keys, tmp_path, priv
 def test_no_multiplex_leaves_no_master(server, keys, tmp_path, private_control_dir):
     known = tmp_path / "known"
     known.write_text(server.known_hosts_line())
-    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    cfg = client_config(tmp_path / "config", {"node": host_options(server, keys["client"], known)})
     code, targets, err = _inspect(cfg, "node", extra=("--no-multiplex",))
     assert _collected(targets["ssh:node"]) and list(private_control_dir.iterdir()) == []
 
@@ -178,7 +171,7 @@ def test_a_control_folder_others_can_write_is_not_used(server, keys, tmp_path, m
     monkeypatch.setenv("KVFORENSICS_SSH_CONTROL_DIR", shared)
     known = tmp_path / "known"
     known.write_text(server.known_hosts_line())
-    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    cfg = client_config(tmp_path / "config", {"node": host_options(server, keys["client"], known)})
     code, targets, err = _inspect(cfg, "node")
     assert _collected(targets["ssh:node"]) and os.listdir(shared) == []
     os.rmdir(shared)
@@ -192,7 +185,7 @@ def test_a_flood_is_cut_off_on_the_openssh_transport_too(keys, tmp_path, monkeyp
     try:
         known = tmp_path / "known"
         known.write_text(flood.known_hosts_line())
-        cfg = client_config(tmp_path / "config", {"flood": _opts(flood, keys["client"], known)})
+        cfg = client_config(tmp_path / "config", {"flood": host_options(flood, keys["client"], known)})
         code, targets, err = _inspect(cfg, "flood")
     finally:
         flood.stop()
@@ -222,7 +215,7 @@ def test_without_an_openssh_client_paramiko_connects_and_says_so(server, keys, t
 
     known = tmp_path / "known"
     known.write_text(server.known_hosts_line())
-    cfg = client_config(tmp_path / "config", {"node": _opts(server, keys["client"], known)})
+    cfg = client_config(tmp_path / "config", {"node": host_options(server, keys["client"], known)})
     monkeypatch.setattr(openssh, "_FOUND", {"ssh": None})
     code, targets, err = _inspect(cfg, "node")
     assert _collected(targets["ssh:node"])
@@ -235,8 +228,8 @@ def test_a_jump_host_whose_config_trusts_any_key_is_refused(server, keys, tmp_pa
     known = tmp_path / "known"
     known.write_text(server.known_hosts_line())
     cfg = client_config(tmp_path / "config", {
-        "inside": _opts(server, keys["client"], known, ProxyJump="laxjump"),
-        "laxjump": _opts(server, keys["client"], tmp_path / "other", StrictHostKeyChecking="no")})
+        "inside": host_options(server, keys["client"], known, ProxyJump="laxjump"),
+        "laxjump": host_options(server, keys["client"], tmp_path / "other", StrictHostKeyChecking="no")})
     code, targets, err = _inspect(cfg, "inside")
     t = targets["ssh:inside"]
     assert t["status"] == "host_key_refused" and "ProxyJump hop laxjump" in t["problems"][0]["message"]
@@ -257,7 +250,7 @@ def test_a_lying_or_slow_host_costs_itself_alone_on_either_transport(keys, tmp_p
     try:
         known = tmp_path / "known"
         known.write_text(lying.known_hosts_line())
-        cfg = client_config(tmp_path / "config", {"liar": _opts(lying, keys["client"], known)})
+        cfg = client_config(tmp_path / "config", {"liar": host_options(lying, keys["client"], known)})
         start = time.monotonic()
         code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--timeout", "4", "--json", "--no-http",
                                   "--transport", transport, "liar"])

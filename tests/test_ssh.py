@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.fakenode import FAKE_LIB, GIB, TOTAL, FakeNode, FakeVllmNode, build_fake_nvml
-from tests.sshd import SSHD, USER, Sshd, client_config, keygen
+from tests.sshd import SSHD, USER, Sshd, client_config, host_options, keygen
 
 if SSHD is None:
     if os.environ.get("CI"):
@@ -55,27 +55,21 @@ def no_agent(monkeypatch):
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
 
 
-def _host(server, key, known, **extra):
-    opts = {"HostName": "127.0.0.1", "Port": server.port, "User": USER, "IdentityFile": key,
-            "IdentitiesOnly": "yes", "UserKnownHostsFile": known, "ConnectTimeout": 5}
-    opts.update(extra)
-    return opts
-
-
 @pytest.fixture
 def env(tmp_path, server, jump, no_python, keys):
     known = tmp_path / "known_hosts"
     known.write_text(server.known_hosts_line() + jump.known_hosts_line() + no_python.known_hosts_line())
     cfg = client_config(tmp_path / "ssh_config", {
-        "node": _host(server, keys["client"], known),
-        "node2": _host(server, keys["client"], known),
-        "viajump": _host(server, keys["client"], known, ProxyJump="jumphost"),
-        "jumphost": _host(jump, keys["client"], known),
-        "wrongkey": _host(server, keys["stranger"], known),
-        "nopython": _host(no_python, keys["client"], known),
-        "strangerhost": _host(server, keys["client"], tmp_path / "empty_known_hosts"),
-        "acceptnew": _host(server, keys["client"], tmp_path / "new_known_hosts", StrictHostKeyChecking="accept-new"),
-        "changedkey": _host(server, keys["client"], tmp_path / "changed_known_hosts"),
+        "node": host_options(server, keys["client"], known),
+        "node2": host_options(server, keys["client"], known),
+        "viajump": host_options(server, keys["client"], known, ProxyJump="jumphost"),
+        "jumphost": host_options(jump, keys["client"], known),
+        "wrongkey": host_options(server, keys["stranger"], known),
+        "nopython": host_options(no_python, keys["client"], known),
+        "strangerhost": host_options(server, keys["client"], tmp_path / "empty_known_hosts"),
+        "acceptnew": host_options(server, keys["client"], tmp_path / "new_known_hosts",
+                                  StrictHostKeyChecking="accept-new"),
+        "changedkey": host_options(server, keys["client"], tmp_path / "changed_known_hosts"),
     })
     # changedkey's own known_hosts records another key for the server (the stranger's), so "node" stays good
     kind, b64 = Path(str(keys["stranger"]) + ".pub").read_text().split()[0:2]
@@ -430,7 +424,7 @@ def test_encrypted_key_is_never_prompted_for_in_batch_use(tmp_path, keys, transp
     try:
         known = tmp_path / "known"
         known.write_text(server.known_hosts_line())
-        cfg = client_config(tmp_path / "cfg_locked", {"locked": _host(server, locked, known)})
+        cfg = client_config(tmp_path / "cfg_locked", {"locked": host_options(server, locked, known)})
         code, out, err = run_cli(["inspect", "--ssh-config", str(cfg), "--json", "--no-http", "--timeout", "10",
                                   "--transport", transport, "locked"])
     finally:
