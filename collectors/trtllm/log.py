@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 
 from collectors import lineformat
 from collectors.events import LogEvent
+from collectors.trtllm.formats import FORMATS
 
 __all__ = ["LogEvent", "parse_line", "split_record"]
 
@@ -79,8 +80,6 @@ def split_record(raw: str) -> Split:
 
 
 def parse_line(raw: str, line: Optional[int] = None, offset: int = 0) -> List[LogEvent]:
-    from collectors.trtllm.formats import FORMATS
-
     ts, rank, logger, level, module, msg = split_record(raw)
     if not msg:
         return []
