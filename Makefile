@@ -42,7 +42,7 @@ gpu-check: $(STAMP)
 
 lint: $(STAMP)
 	@echo ">> ruff"
-	$(BIN)/ruff check agent collectors reports tests bench examples
+	$(BIN)/ruff check kvforensics agent collectors reports tests bench examples
 	@echo ">> complexity (radon cc): no function over 25, at most 5 over 20"
 	$(BIN)/python tests/complexity_gate.py
 

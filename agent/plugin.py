@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Protocol, Tuple
 
-from agent.model.records import Finding, Options, Problem, Recommendation
-from collectors.plugin import ENGINES as COLLECTORS
-from collectors.registry import Registry, UnknownEngine
+from kvforensics.agent.model.records import Finding, Options, Problem, Recommendation
+from kvforensics.collectors.plugin import ENGINES as COLLECTORS
+from kvforensics.collectors.registry import Registry, UnknownEngine
 
 __all__ = ["ENGINES", "EngineAnalysis", "EngineModel", "LoadMetrics", "UnknownEngine", "display"]
 
@@ -108,7 +108,7 @@ class EngineModel:
     log_imbalance: Optional[ContextRule] = None
 
 
-ENGINES: "Registry[EngineModel]" = Registry("agent")
+ENGINES: "Registry[EngineModel]" = Registry("kvforensics.agent")
 
 
 def display(name: Optional[str], default: str = "the engine") -> str:

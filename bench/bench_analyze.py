@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"
 SIZE = int(os.environ.get("KVF_BENCH_BYTES", 2 << 30))
 RUNS = int(os.environ.get("KVF_BENCH_RUNS", "3"))
-KVF = [sys.executable, "-m", "agent"]
+KVF = [sys.executable, "-m", "kvforensics"]
 
 
 def _noise_block() -> bytes:

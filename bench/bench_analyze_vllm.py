@@ -30,7 +30,7 @@ STARTUPS = {"V0, finished": ROOT / "examples" / "vllm-v0-complete.log",
             "42_v1-01011-tp1-complete-a100-util050-hard-wrapped.log"}
 SIZE = int(os.environ.get("KVF_BENCH_BYTES", 1 << 30))
 RUNS = int(os.environ.get("KVF_BENCH_RUNS", "3"))
-KVF = [sys.executable, "-m", "agent", "analyze", "--json", "--fail-on", "never"]
+KVF = [sys.executable, "-m", "kvforensics", "analyze", "--json", "--fail-on", "never"]
 PEER = "GPU KV cache usage"
 
 

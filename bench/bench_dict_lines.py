@@ -41,7 +41,8 @@ def main() -> int:
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # time what an installed user runs: compiled modules
     for tree in trees.values():
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "agent", "collectors", "reports"], cwd=str(tree),
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "kvforensics", "agent", "collectors", "reports"],
+                       cwd=str(tree),
                        env=env, check=True)
     base = Path(tempfile.mkdtemp(prefix="kvf-bench-dict-"))
     lines = ["| log | " + " | ".join(trees) + " |", "|---" * (len(trees) + 1) + "|"]
@@ -51,9 +52,9 @@ def main() -> int:
             write_log(path, STARTUP.read_bytes(), (noise * 40000).encode(), SIZE, True)
             times = {label: [] for label in trees}
             for _ in range(RUNS):  # alternating, so load changes hit both alike
-                for label, tree in trees.items():  # run from the tree: `-m agent` imports the cwd's
+                for label, tree in trees.items():  # run from the tree: `-m kvforensics` imports the cwd's
                     start = time.perf_counter()
-                    rc = subprocess.run([sys.executable, "-m", "agent", "analyze", "--json", "--fail-on", "never",
+                    rc = subprocess.run([sys.executable, "-m", "kvforensics", "analyze", "--json", "--fail-on", "never",
                                          str(path)], cwd=str(tree), env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL).returncode
                     times[label].append(time.perf_counter() - start)

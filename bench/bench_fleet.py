@@ -61,7 +61,7 @@ def _timed(cmd: List[str], sshd_pid: int, stdin: bytes, env: Dict[str, str]) -> 
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     code = os.waitstatus_to_exitcode(status)
-    assert code == 0 or (code == 3 and cmd[1:3] == ["-m", "agent"]), (code, err[-2000:])  # 3: _check says which
+    assert code == 0 or (code == 3 and cmd[1:3] == ["-m", "kvforensics"]), (code, err[-2000:])  # 3: _check says which
     time.sleep(0.5)  # the last sessions' processes are reaped by sshd just after the client returns
     out.seek(0)
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024.0,
@@ -85,10 +85,12 @@ def main() -> int:
     try:
         cfg, aliases, env = ssh_fleet(work, server, key, HOSTS)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # measure what an installed user runs: cached bytecode
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "agent", "collectors", "reports"], cwd=str(ROOT),
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "kvforensics", "agent", "collectors", "reports"],
+                       cwd=str(ROOT),
                        check=True, stdout=subprocess.DEVNULL)
         env["KVFORENSICS_SSH_CONTROL_DIR"] = control
-        kvf_cmd = [sys.executable, "-m", "agent", "inspect", "--ssh-config", str(cfg), "--parallel", str(PARALLEL),
+        kvf_cmd = [sys.executable, "-m", "kvforensics", "inspect", "--ssh-config", str(cfg), "--parallel",
+                   str(PARALLEL),
                    "--no-http", "--json", "--fail-on", "never", "--timeout", "600", "--transport", TRANSPORT,
                    "--multiplex" if MULTIPLEX else "--no-multiplex", *aliases]  # as ssh: no deadline
         if MULTIPLEX:  # the masters up before the measured runs: "a second look"
@@ -100,7 +102,7 @@ def main() -> int:
             _check(json.loads(stdout))
             kvf.append(got)
             ssh.append(_timed(ssh_cmd, server.proc.pid, ("\n".join(aliases) + "\n").encode(), env)[0])
-        from agent.remote import probe
+        from kvforensics.agent.remote import probe
 
         sent = len(probe.build({"nvml_lib": None, "log": None, "startup": -1, "model_config_path": None,
                                 "http": False, "time_limit_s": 30.0}).script)

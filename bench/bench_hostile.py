@@ -62,10 +62,10 @@ CASES = [
 
 def _run(tree: Path, argv: Sequence[str], stdin: Optional[Path]) -> Tuple[float, int, int]:
     """(wall s, peak RSS bytes, exit code) of one run of the kvforensics in ``tree`` (run from there, so
-    ``-m agent`` is that tree's)."""
+    ``-m kvforensics`` is that tree's)."""
     with open(stdin or os.devnull, "rb") as f:
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "agent", *argv, "--format", "oneline"], cwd=str(tree),
+        proc = subprocess.Popen([sys.executable, "-m", "kvforensics", *argv, "--format", "oneline"], cwd=str(tree),
                                 stdin=f, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
     return time.perf_counter() - start, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)

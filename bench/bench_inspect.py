@@ -23,7 +23,7 @@ RUNS = int(os.environ.get("KVF_BENCH_RUNS", "5"))
 
 def main() -> int:
     lib = build_fake_nvml()
-    kvf = [sys.executable, "-m", "agent"]
+    kvf = [sys.executable, "-m", "kvforensics"]
     with FakeNode(Path(tempfile.mkdtemp(prefix="kvf-bench-node-"))) as node:
         os.environ["FAKE_NVML_SCENARIO"] = str(node.scenario)
         inspect_t, rss, rc = best(kvf + ["inspect", "--json", "--nvml-lib", str(lib), "--no-http", "--fail-on",

@@ -85,11 +85,11 @@ def analyze(trees: List[Path]) -> List[Tuple[float, float]]:
     """Each tree's (wall, CPU) medians, then the bare interpreter's, run in the same alternation (the peer)."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="")
     for tree in trees:  # warm the bytecode caches and the page cache
-        _measure([sys.executable, "-m", "agent", "analyze", str(LOG), "--json"], tree, env)
+        _measure([sys.executable, "-m", "kvforensics", "analyze", str(LOG), "--json"], tree, env)
     res: List[List[Tuple]] = [[] for _ in trees] + [[]]
     for _ in range(RUNS):
         for i, tree in enumerate(trees):
-            res[i].append(_measure([sys.executable, "-m", "agent", "analyze", str(LOG), "--json"], tree, env))
+            res[i].append(_measure([sys.executable, "-m", "kvforensics", "analyze", str(LOG), "--json"], tree, env))
         res[-1].append(_measure([sys.executable, "-c", "pass"], ROOT, env))
     return [(_med(r, 0), _med(r, 1)) for r in res]
 
@@ -120,7 +120,8 @@ def record(trees: List[Path]) -> List[Tuple[float, float, float]]:
         six: List[List[Tuple]] = [[] for _ in trees]
         for _ in range(RUNS + 1):
             for i, tree in enumerate(trees):
-                cmd = [sys.executable, "-m", "agent", "record", "--db", str(work / "h{}.db".format(i)), "--prom-file",
+                cmd = [sys.executable, "-m", "kvforensics", "record", "--db", str(work / "h{}.db".format(i)),
+                       "--prom-file",
                        str(work / "k{}.prom".format(i)), "--nvml-lib", str(lib), "--no-http", "--quiet"]
                 res[i].append(_measure(cmd, tree, env, ok=(0,)))
                 six[i].append(_measure(cmd + ["--samples", "6", "--interval", "0"], tree, env, ok=(0,)))
@@ -136,8 +137,9 @@ def probe_cpu(trees: List[Path]) -> Tuple[List[float], float]:
     from tests.fakenode import build_fake_nvml
 
     lib = build_fake_nvml()
-    code = ("import sys; from agent.remote import probe; sys.stdout.buffer.write(probe.build({{'nvml_lib': {!r}, "
-            "'log': None, 'startup': -1, 'model_config_path': None, 'http': False}}).script)").format(str(lib))
+    code = ("import sys; from kvforensics.agent.remote import probe; "
+            "sys.stdout.buffer.write(probe.build({{'nvml_lib': {!r}, 'log': None, 'startup': -1, "
+            "'model_config_path': None, 'http': False}}).script)").format(str(lib))
     scripts = [subprocess.run([sys.executable, "-c", code], cwd=str(t), capture_output=True, check=True).stdout
                for t in trees]
 
@@ -177,7 +179,8 @@ def serve_cpu(trees: List[Path], scrapes: int = 10) -> List[float]:
     with _fake_node("kvf-bench-serve-") as (work, lib, env):
         for i, tree in enumerate(trees):
             port = free_port()
-            proc = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--listen", "127.0.0.1:{}".format(port),
+            proc = subprocess.Popen([sys.executable, "-m", "kvforensics", "serve", "--listen",
+                                     "127.0.0.1:{}".format(port),
                                      "--db", str(work / "s{}.db".format(i)), "--min-interval", "0", "--nvml-lib",
                                      str(lib), "--no-http"], cwd=str(tree), env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
@@ -202,8 +205,9 @@ def serve_cpu(trees: List[Path], scrapes: int = 10) -> List[float]:
 
 
 def probe_bytes(tree: Path) -> int:
-    code = ("from agent.remote import probe; print(len(probe.build({'nvml_lib': None, 'log': None, 'startup': -1, "
-            "'model_config_path': None, 'http': False}).script))")
+    code = ("from kvforensics.agent.remote import probe; "
+            "print(len(probe.build({'nvml_lib': None, 'log': None, 'startup': -1, 'model_config_path': None, "
+            "'http': False}).script))")
     return int(subprocess.run([sys.executable, "-c", code], cwd=str(tree), capture_output=True, text=True,
                               check=True).stdout)
 
@@ -221,7 +225,7 @@ def fleet(trees: List[Path]) -> Tuple[List[float], float]:
         peer: List[float] = []
         for _ in range(FLEET_RUNS):
             for i, tree in enumerate(trees):
-                cmd = [sys.executable, "-m", "agent", "inspect", "--ssh-config", str(cfg), "--parallel",
+                cmd = [sys.executable, "-m", "kvforensics", "inspect", "--ssh-config", str(cfg), "--parallel",
                        str(PARALLEL), "--no-http", "--json", "--fail-on", "never"] + aliases
                 kvf[i].append(_measure(cmd, tree, env, ok=(0,))[0])
             start = time.perf_counter()

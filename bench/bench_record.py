@@ -33,7 +33,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kvf-bench-record-"))
     with FakeNode(work / "node") as node:
         env = dict(node.env(), PYTHONPATH=str(ROOT))
-        cmd = [sys.executable, "-m", "agent", "record", "--db", str(work / "h.db"), "--prom-file", str(work / "k.prom"),
+        cmd = [sys.executable, "-m", "kvforensics", "record", "--db", str(work / "h.db"), "--prom-file",
+               str(work / "k.prom"),
                "--nvml-lib", str(lib), "--no-http", "--quiet"]
         results = [_measure(cmd, env) for _ in range(RUNS)]
     base = [_measure([sys.executable, "-c", "pass"], dict(os.environ)) for _ in range(RUNS)]

@@ -88,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, FakeNode(Path(tmp) / "node") as node:
         env = dict(node.env(), PYTHONPATH=str(ROOT))
         port = _free_port()
-        serve = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--listen", "127.0.0.1:{}".format(port),
+        serve = subprocess.Popen([sys.executable, "-m", "kvforensics", "serve", "--listen", "127.0.0.1:{}".format(port),
                                   "--db", str(Path(tmp) / "h.db"), "--nvml-lib", str(FAKE_LIB), "--no-http"],
                                  env=env, cwd=str(ROOT), stderr=subprocess.DEVNULL)
         servers = [("kvforensics serve", "http://127.0.0.1:{}/metrics".format(port), serve)]

@@ -31,8 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kvforensics.collectors import nvml  # noqa: E402
+
 from bench.common import CUDA_CONTEXT_PROGRAM  # noqa: E402
-from collectors import nvml  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -86,7 +87,7 @@ def _port() -> int:
 
 
 def _cli(args: list, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent"] + args, cwd=str(ROOT), env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvforensics"] + args, cwd=str(ROOT), env=env, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from collectors import netns
-from collectors.loopback import TIMEOUT_S, whole_lines
-from collectors.plugin import ENGINES
+from kvforensics.collectors import netns
+from kvforensics.collectors.loopback import TIMEOUT_S, whole_lines
+from kvforensics.collectors.plugin import ENGINES
 
 __all__ = ["NAME", "TIMEOUT_S", "collect", "whole_lines"]
 

@@ -26,11 +26,11 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
-from collectors import pods
-from collectors.events import EngineStartup as Startup
-from collectors.logfile import LogReadError, keywords_for, read_log
-from collectors.plugin import ENGINES
-from collectors.redact import redact_text
+from kvforensics.collectors import pods
+from kvforensics.collectors.events import EngineStartup as Startup
+from kvforensics.collectors.logfile import LogReadError, keywords_for, read_log
+from kvforensics.collectors.plugin import ENGINES
+from kvforensics.collectors.redact import redact_text
 
 NAME = "engine_log"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:\-]{0,200}\Z")

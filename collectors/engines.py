@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from collectors import procfs
-from collectors.plugin import ENGINES, for_bundle
-from collectors.redact import redact_argv, redact_mapping
+from kvforensics.collectors import procfs
+from kvforensics.collectors.plugin import ENGINES, for_bundle
+from kvforensics.collectors.redact import redact_argv, redact_mapping
 
 NAME = "engines"
 _ANCESTRY_DEPTH = 8

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
-from collectors.shipping import unwrap
+from kvforensics.collectors.shipping import unwrap
 
 __all__ = ["EngineStartup", "EventCap", "LogEvent", "MAX_STARTUP_BYTES", "MAX_STARTUP_EVENTS", "StartupBook", "notes",
            "segment"]

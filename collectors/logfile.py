@@ -27,9 +27,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-from collectors import backsearch, events, lineformat, shipping
-from collectors.events import EngineStartup as Startup
-from collectors.plugin import ENGINES, EngineCollectors
+from kvforensics.collectors import backsearch, events, lineformat, shipping
+from kvforensics.collectors.events import EngineStartup as Startup
+from kvforensics.collectors.plugin import ENGINES, EngineCollectors
 
 _GENERIC_KINDS = ("failure", "exception", "frame", "unrecognized")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from collectors.events import EngineStartup, LogEvent
-from collectors.registry import Registry, UnknownEngine
+from kvforensics.collectors.events import EngineStartup, LogEvent
+from kvforensics.collectors.registry import Registry, UnknownEngine
 
 __all__ = ["EngineCollectors", "ENGINES", "UnknownEngine", "display", "for_bundle"]
 
@@ -54,7 +54,7 @@ class EngineCollectors:
         = None
 
 
-ENGINES: "Registry[EngineCollectors]" = Registry("collectors")
+ENGINES: "Registry[EngineCollectors]" = Registry("kvforensics.collectors")
 
 
 def display(name: Optional[str]) -> str:

@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import Any, Dict
 
-from collectors import snapshot
+from kvforensics.collectors import snapshot
 
 MARKER = "KVF-PROBE "
 VERSION = 1

@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from collectors import pods
+from kvforensics.collectors import pods
 
 _HEX64 = r"[0-9a-f]{64}"
 # Each runtime's own cgroup name for a container: "<prefix>-<id>.scope" under the systemd driver,

@@ -13,12 +13,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
-from collectors import engines, host_memory, nvml, procfs
-from collectors.plugin import for_bundle
-from collectors.redact import redact_argv
+from kvforensics.collectors import engines, host_memory, nvml, procfs
+from kvforensics.collectors.plugin import for_bundle
+from kvforensics.collectors.redact import redact_argv
 
 if TYPE_CHECKING:  # parsed only when --engine is given (collectors/selection.py): every probe pays an import
-    from collectors import selection
+    from kvforensics.collectors import selection
 
 SCHEMA = "kvforensics.snapshot/1"
 
@@ -181,7 +181,7 @@ def engine_selector(engine: Optional[Union[str, int]]) -> Optional[selection.Eng
     """The --engine value as a selector (None: not given), its parser imported only then."""
     if engine is None:
         return None
-    from collectors import selection
+    from kvforensics.collectors import selection
 
     return selection.parse(engine)
 
@@ -189,7 +189,7 @@ def engine_selector(engine: Optional[Union[str, int]]) -> Optional[selection.Eng
 def _not_named(snap: Dict[str, Any], selector: selection.EngineSelector) -> None:
     """The problem of an --engine that names no server, or several: which ones the node runs, as --engine
     would name each."""
-    from collectors import selection
+    from kvforensics.collectors import selection
 
     engine_list = snap["engines"].get("engines", [])
     servers = [e for e in engine_list if e.get("server")]
@@ -255,7 +255,7 @@ def _explain(snap: Dict[str, Any], runs: List[Dict[str, Any]], chosen: Optional[
     # Log parsing (dozens of regexes), HTTP and config reading are imported only when there is
     # something to read: on a host without an engine the probe starts ~40 ms sooner (bench/).
     if log or server is not None:
-        from collectors import engine_logs
+        from kvforensics.collectors import engine_logs
 
         def log_section() -> Dict[str, Any]:
             if log:
@@ -272,7 +272,7 @@ def _explain(snap: Dict[str, Any], runs: List[Dict[str, Any]], chosen: Optional[
     model = args.get("model_path") or args.get("model")  # SGLang's --model-path, vLLM's MODEL / --model
 
     def config_section() -> Dict[str, Any]:
-        from collectors import model_config
+        from kvforensics.collectors import model_config
 
         path = model_config_path
         if path is None and model:
@@ -294,7 +294,7 @@ def _explain(snap: Dict[str, Any], runs: List[Dict[str, Any]], chosen: Optional[
     else:
         snap["model_config"] = {"status": "absent", "path": None, "config": None, "problems": []}
     if http and chosen is not None and server is not None:
-        from collectors import engine_http
+        from kvforensics.collectors import engine_http
 
         snap["engine_http"] = _run(engine_http.NAME, lambda: engine_http.collect(args, kind, server["pid"], root), runs,
                                    strict)

@@ -18,8 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.remote.bundles import save  # noqa: E402
-from collectors import snapshot  # noqa: E402
+from kvforensics.agent.remote.bundles import save  # noqa: E402
+from kvforensics.collectors import snapshot  # noqa: E402
+
 from tests.fakenode import FakeNode, build_fake_nvml  # noqa: E402
 
 GIB = 1 << 30

@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from agent.model.node_rules import MEASURED_MIN_SAMPLES, MEASURED_MIN_SPAN_S, is_measured
-from reports import fit
-from reports.fit import Col
+from kvforensics.agent.model.node_rules import MEASURED_MIN_SAMPLES, MEASURED_MIN_SPAN_S, is_measured
+from kvforensics.reports import fit
+from kvforensics.reports.fit import Col
 
 GIB = 1 << 30
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -65,7 +65,7 @@ def to_json(path: str, since: str, runs: Sequence[Any]) -> Dict[str, Any]:
 
 def render(path: str, since: str, runs: Sequence[Any], plots: Dict[int, List[Optional[int]]], color: bool = True,
            width: int = 110) -> str:
-    from reports.terminal import console, say, text_of
+    from kvforensics.reports.terminal import console, say, text_of
 
     buf, c = console(color, width)
     say(c, "kvforensics history · {} · last {} · {} engine run(s)".format(path, since, len(runs)))
@@ -117,7 +117,7 @@ def _rows(r: Any, plots: Dict[int, List[Optional[int]]]) -> List[Tuple[List[str]
 
 
 def _low_water_table(c: Any, r: Any, plots: Dict[int, List[Optional[int]]]) -> None:
-    from reports.terminal import print_table
+    from kvforensics.reports.terminal import print_table
 
     rows = _rows(r, plots)
     title = "Free GiB per GPU (lowest = the low-water mark; identical GPUs share a row)"

@@ -11,14 +11,14 @@ import json
 import math
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
-from agent.model.records import Finding, Recommendation, Verdict
-from agent.plugin import EngineAnalysis
-from collectors.redact import redact_mapping
-from reports.labels import ITEM_LABELS
-from reports.plugin import VIEWS
+from kvforensics.agent.model.records import Finding, Recommendation, Verdict
+from kvforensics.agent.plugin import EngineAnalysis
+from kvforensics.collectors.redact import redact_mapping
+from kvforensics.reports.labels import ITEM_LABELS
+from kvforensics.reports.plugin import VIEWS
 
 if TYPE_CHECKING:
-    from agent.model.live import GpuLedger, Inspection
+    from kvforensics.agent.model.live import GpuLedger, Inspection
 
 SCHEMA = "kvforensics.report/1"
 
@@ -114,7 +114,7 @@ def gpu_dict(g: GpuLedger) -> Dict[str, Any]:
 
 def render_results(results: List[Any]) -> str:
     """Inspections and failed targets (``TargetFailure``), in target order."""
-    from agent.model.live import TargetFailure  # a node's records: `analyze LOG` never loads them
+    from kvforensics.agent.model.live import TargetFailure  # a node's records: `analyze LOG` never loads them
 
     targets = [error_target(r.target, r.status, r.code, r.message) if isinstance(r, TargetFailure)
                else inspection_dict(r) for r in results]

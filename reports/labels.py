@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from agent.model.kinds import ItemKind
+from kvforensics.agent.model.kinds import ItemKind
 
 ITEM_LABELS: Dict[ItemKind, str] = {
     ItemKind.WEIGHTS: "weights",

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence
 
-from agent.model.live import Inspection, TargetFailure
-from agent.model.records import Finding, Recommendation, Verdict, severity_rank
-from agent.plugin import EngineAnalysis
-from reports import fit, terminal
-from reports.plugin import VIEWS
+from kvforensics.agent.model.live import Inspection, TargetFailure
+from kvforensics.agent.model.records import Finding, Recommendation, Verdict, severity_rank
+from kvforensics.agent.plugin import EngineAnalysis
+from kvforensics.reports import fit, terminal
+from kvforensics.reports.plugin import VIEWS
 
 BAR_WIDTH = 100  # columns the code-block bars are drawn for (wide enough for 60 cells and labels)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
 
-from agent.model.records import severity_rank
-from agent.plugin import display
-from reports.terminal import ONELINE_HEADER, oneline_row
+from kvforensics.agent.model.records import severity_rank
+from kvforensics.agent.plugin import display
+from kvforensics.reports.terminal import ONELINE_HEADER, oneline_row
 
 
 def render_analyses(analyses: Sequence[Any]) -> str:

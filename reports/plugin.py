@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from collectors.registry import Registry
+from kvforensics.collectors.registry import Registry
 
 __all__ = ["EngineView", "VIEWS"]
 
@@ -31,4 +31,4 @@ class EngineView:
     brief: Callable[[Any], List[str]] = lambda analysis: []
 
 
-VIEWS: "Registry[EngineView]" = Registry("reports")
+VIEWS: "Registry[EngineView]" = Registry("kvforensics.reports")

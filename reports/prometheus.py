@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from agent.model.live import Inspection
-from reports.plugin import VIEWS
-from reports.textfile import PREFIX
+from kvforensics.agent.model.live import Inspection
+from kvforensics.reports.plugin import VIEWS
+from kvforensics.reports.textfile import PREFIX
 
 Labels = Tuple[Tuple[str, str], ...]
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "gpu_model")
@@ -163,7 +163,7 @@ def _gpus(gauge: _Gauges, insp: Inspection, identity: Dict[int, Tuple[str, str, 
 def _collectors(gauge: _Gauges, insp: Inspection, keys: Tuple[str, ...], values: Tuple[str, ...],
                 node: bool) -> None:
     """Each collector's success and duration: the node's (engine label "") or one engine's."""
-    from agent.model.evidence import ENGINE_COLLECTORS
+    from kvforensics.agent.model.evidence import ENGINE_COLLECTORS
 
     names = ("collector",) + keys
     ok = gauge("collector_success", "0 if the collector failed (nvml also when there is no NVIDIA library or "
@@ -253,8 +253,8 @@ class _EngineExport:
                        self.keys).labels(*self.values).set(a.summary.max_total_num_tokens)
 
     def _figures(self) -> None:
-        from agent.model.context import Context
-        from agent.model.node_rules import unused_bytes
+        from kvforensics.agent.model.context import Context
+        from kvforensics.agent.model.node_rules import unused_bytes
 
         # The same figure as the unused_gpu_memory finding: the run's low-water mark when recorded
         # history holds one, else NVML now; never negative; absent when a GPU is lost.
@@ -273,7 +273,7 @@ class _EngineExport:
 
     def _load(self) -> None:
         """The engine's own gauges now (its plug-in's LoadMetrics): absent when it exports none."""
-        from agent.plugin import ENGINES
+        from kvforensics.agent.plugin import ENGINES
 
         model = ENGINES.find(self.insp.engine_kind)
         load = model.load.read(self.insp.snapshot.http.metrics) if model is not None else {}
@@ -289,8 +289,8 @@ class _EngineExport:
 def engine_facts(insp: Inspection) -> Tuple[str, str, str, str, str, str]:
     """kind, version (or release era), model, KV budget flag, the value it runs with, the recommended value;
     "" for what is not known."""
-    from agent.model.node_rules import live_settings
-    from agent.plugin import ENGINES
+    from kvforensics.agent.model.node_rules import live_settings
+    from kvforensics.agent.plugin import ENGINES
 
     a = insp.analysis
     model = ENGINES.find(insp.engine_kind)

@@ -19,15 +19,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent.model.live import GpuLedger, Inspection, Owner, TargetFailure
-from agent.model.records import Finding, Recommendation, Verdict, severity_rank
-from agent.model.verdict import CAUSE_LINES
-from agent.plugin import EngineAnalysis, display
-from collectors.units import GIB
-from reports import fit
-from reports.fit import NOTES, Col
-from reports.labels import FREE_GLYPH, ITEM_COLOURS, ITEM_GLYPHS, ITEM_LABELS
-from reports.plugin import VIEWS
+from kvforensics.agent.model.live import GpuLedger, Inspection, Owner, TargetFailure
+from kvforensics.agent.model.records import Finding, Recommendation, Verdict, severity_rank
+from kvforensics.agent.model.verdict import CAUSE_LINES
+from kvforensics.agent.plugin import EngineAnalysis, display
+from kvforensics.collectors.units import GIB
+from kvforensics.reports import fit
+from kvforensics.reports.fit import NOTES, Col
+from kvforensics.reports.labels import FREE_GLYPH, ITEM_COLOURS, ITEM_GLYPHS, ITEM_LABELS
+from kvforensics.reports.plugin import VIEWS
 
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "yellow", "info": "cyan"}
 BAR_CELLS = 60  # the widest a bar gets; narrower terminals get narrower bars

@@ -24,8 +24,8 @@ import secrets
 import stat
 from typing import Any, Optional
 
-from agent.history import fresh_file
-from agent.history.filekind import kind_of
+from kvforensics.agent.history import fresh_file
+from kvforensics.agent.history.filekind import kind_of
 
 PREFIX = "kvforensics_"
 HEADER = "# kvforensics textfile: written by `kvforensics record`; replaced on every run, do not edit"

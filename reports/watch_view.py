@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Optional, Sequence, Tuple
 
-from agent.model.live import Inspection
-from agent.plugin import ENGINES, display
+from kvforensics.agent.model.live import Inspection
+from kvforensics.agent.plugin import ENGINES, display
 
 GIB = 1 << 30
 BLOCKS = "▁▂▃▄▅▆▇█"

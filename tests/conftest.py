@@ -35,7 +35,7 @@ def _check_json_contract(out: str) -> None:
     name = {"kvforensics.report/1": "report", "kvforensics.history/1": "history",
             "kvforensics.snapshot/1": "snapshot"}.get(doc.get("schema")) if isinstance(doc, dict) else None
     if name is not None:
-        from agent.model import evidence
+        from kvforensics.agent.model import evidence
 
         evidence.check(name, doc)
 
@@ -43,7 +43,7 @@ def _check_json_contract(out: str) -> None:
 def run_cli(argv: List[str], stdin: Optional[bytes] = None) -> Tuple[int, str, str]:
     """Run kvforensics in-process; return (exit code, stdout, stderr). JSON output is checked
     against its published schema."""
-    from agent.cli import main
+    from kvforensics.agent.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     old = sys.stdout, sys.stderr, sys.stdin

@@ -256,7 +256,7 @@ def run_in_node(node: Node, argv: List[str], env: Dict[str, str]) -> subprocess.
 def _main(args: List[str]) -> int:
     """Inside the private mount namespace: bind the log root on /var/log, then run kvforensics."""
     subprocess.run(["mount", "--bind", args[0], "/var/log"], check=True)
-    from agent.cli import main
+    from kvforensics.agent.cli import main
 
     return main(args[1:])
 

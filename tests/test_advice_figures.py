@@ -68,7 +68,7 @@ def test_no_hicache_tier_under_four_gb_per_rank(tmp_path):
 
 
 def test_unknown_figures_are_a_dash():
-    from collectors.units import gib, gib_number
+    from kvforensics.collectors.units import gib, gib_number
 
     assert gib(None) == gib_number(None) == "—"
 

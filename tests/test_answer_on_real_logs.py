@@ -45,9 +45,9 @@ def test_a_request_error_after_ready_is_serving_not_a_failed_startup(tmp_path):
 def test_an_out_of_memory_error_while_serving_is_evidence_of_pressure(tmp_path):
     """The same real startup, then an OOM after ready (PyTorch's message as it prints it; constructed): the log
     now shows memory running short while serving, the one evidence a cut may rest on from a log."""
-    from agent.model.analyze import analyze_startup
-    from agent.model.records import Options
-    from collectors.logfile import read_log
+    from kvforensics.agent.model.analyze import analyze_startup
+    from kvforensics.agent.model.records import Options
+    from kvforensics.collectors.logfile import read_log
 
     oom = ("(EngineCore_0 pid=2881) ERROR 09-04 02:10:11 [core.py:700] torch.OutOfMemoryError: CUDA out of memory. "
            "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.25 GiB of which 1.02 GiB is free.\n")

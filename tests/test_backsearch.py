@@ -9,8 +9,7 @@ import random
 import threading
 
 import pytest
-
-from collectors import backsearch
+from kvforensics.collectors import backsearch
 
 NEEDLES = (b"Model loading took", b"# GPU blocks: ", b"KV cache")
 

@@ -74,12 +74,12 @@ def test_bad_model_config_json(tmp_path):
 
 
 def test_internal_errors_exit_4_without_traceback(monkeypatch):
-    import agent.model.analyze
+    import kvforensics.agent.model.analyze
 
     def boom(*a, **k):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(agent.model.analyze, "analyze_startup", boom)
+    monkeypatch.setattr(kvforensics.agent.model.analyze, "analyze_startup", boom)
     code, out, err = run_cli(["analyze", str(SEED_LOG)])
     assert code == 4 and "internal error: RuntimeError: simulated bug" in err and "Traceback" not in err
 
@@ -92,7 +92,7 @@ def test_help_lists_the_command_and_exit_is_0():
 
 
 def test_console_script_runs_as_a_process():
-    proc = subprocess.run([sys.executable, "-m", "agent", "analyze", str(SEED_LOG), "--json", "--model-config",
+    proc = subprocess.run([sys.executable, "-m", "kvforensics", "analyze", str(SEED_LOG), "--json", "--model-config",
                            str(SEED_CONFIG), "--fail-on", "never"], cwd=str(ROOT), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -9,11 +9,10 @@ import random
 from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
 
 import pytest
-
-from agent import cli
-from agent.cli import fastparse
-from agent.cli.options import UsageProblem
-from agent.cli.params import Option, Param
+from kvforensics.agent import cli
+from kvforensics.agent.cli import fastparse
+from kvforensics.agent.cli.options import UsageProblem
+from kvforensics.agent.cli.params import Option, Param
 
 NAMES = [name for name, _, _ in cli.COMMANDS]
 

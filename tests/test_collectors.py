@@ -7,11 +7,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from kvforensics.collectors import engine_http, engine_logs, host_memory, procfs
+from kvforensics.collectors.redact import REDACTED, redact_argv, redact_mapping
+from kvforensics.collectors.sglang import http as sglang_http
+from kvforensics.collectors.sglang import processes as sglang_processes
 
-from collectors import engine_http, engine_logs, host_memory, procfs
-from collectors.redact import REDACTED, redact_argv, redact_mapping
-from collectors.sglang import http as sglang_http
-from collectors.sglang import processes as sglang_processes
 from tests.conftest import ROOT, SEED_LOG
 
 
@@ -226,7 +226,7 @@ def test_http_skips_non_loopback_hosts():
 
 
 def test_secrets_in_raw_log_lines_are_redacted():
-    from collectors.redact import redact_text
+    from kvforensics.collectors.redact import redact_text
 
     repr_line = ("[2026-01-01 10:00:00] server_args=ServerArgs(model_path='/m', api_key='sk-live-1', "
                  "admin_api_key=\"adm\", tokenizer_path='/t', max_total_tokens=None)")
@@ -238,8 +238,8 @@ def test_secrets_in_raw_log_lines_are_redacted():
 
 
 def test_bundle_never_holds_the_api_key_from_the_log(tmp_path, monkeypatch):
-    from collectors import engine_logs
-    from collectors.sglang.log import parse_line
+    from kvforensics.collectors import engine_logs
+    from kvforensics.collectors.sglang.log import parse_line
 
     log = tmp_path / "s.log"
     text = SEED_LOG.read_text(encoding="utf-8").replace("api_key=None", "api_key='sk-from-the-log'")
@@ -252,7 +252,7 @@ def test_bundle_never_holds_the_api_key_from_the_log(tmp_path, monkeypatch):
 
 
 def test_model_config_from_the_hugging_face_cache(tmp_path):
-    from collectors import model_config
+    from kvforensics.collectors import model_config
 
     snap = tmp_path / "hf" / "hub" / "models--moonshotai--Kimi-K2.5" / "snapshots" / "0123abcd"
     snap.mkdir(parents=True)
@@ -267,7 +267,8 @@ def test_probe_written_for_review_runs_by_hand(tmp_path):
     import subprocess
     import sys
 
-    from agent.remote import probe
+    from kvforensics.agent.remote import probe
+
     from tests.conftest import run_cli
 
     out = tmp_path / "probe.py"

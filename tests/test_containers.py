@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from kvforensics.collectors import engine_http, engine_logs, netns, pods, procfs
 
-from collectors import engine_http, engine_logs, netns, pods, procfs
 from tests import kubelet
 from tests.conftest import ROOT, run_cli
 from tests.kubelet import Node, Pod, cri_record, why_not
@@ -359,7 +359,7 @@ def test_a_request_in_another_network_namespace(decoy):
         theirs = netns.namespace_of("/", proc.pid)
         assert netns.foreign_namespace("/", proc.pid) == theirs != netns.namespace_of("/", os.getpid())
         assert netns.foreign_namespace("/", os.getpid()) is None
-        from collectors import loopback
+        from kvforensics.collectors import loopback
 
         url = "http://127.0.0.1:{}/metrics".format(decoy)
         assert netns.call_in("/", proc.pid, lambda: loopback.get(url)) == b"vllm:num_requests_running 21\n"
@@ -378,7 +378,7 @@ def test_a_namespace_that_cannot_be_entered_is_not_asked_on_the_hosts_loopback(d
     """Without CAP_SYS_ADMIN setns fails: the host's loopback (the decoy, another pod's engine) must not
     stand in for the pod's, and the problem says why."""
     proc = _serving_in_netns(decoy, "vllm:num_requests_running 21\n")
-    program = ("import json; from collectors import engine_http; "
+    program = ("import json; from kvforensics.collectors import engine_http; "
                "print(json.dumps(engine_http.collect({{'port': {}}}, 'vllm', pid={})))".format(decoy, proc.pid))
     try:
         _wait_listening(proc.pid, decoy)

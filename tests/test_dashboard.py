@@ -60,7 +60,8 @@ def _serve(node: TwoEngines, db) -> Tuple[subprocess.Popen, int]:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
-    proc = subprocess.Popen([sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "agent", "serve", "--db",
+    proc = subprocess.Popen([sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "kvforensics", "serve",
+                             "--db",
                              str(db), "--nvml-lib", str(FAKE_LIB), "--min-interval", "1h"],
                             env=dict(node.sglang.env(), FAKE_NVML_SCENARIO=str(node.scenario), PYTHONPATH=str(ROOT)),
                             cwd=str(ROOT), pass_fds=(listener.fileno(),), stdout=subprocess.DEVNULL,

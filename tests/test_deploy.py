@@ -17,7 +17,7 @@ from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
 # A fake host's binaries and settings are trusted only when root owns them, as on a real host.
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="root-owned fake binaries and settings need root")
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "agent", "collectors", "reports", "deploy")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "kvforensics", "agent", "collectors", "reports", "deploy")
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ ROCKY = 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\n'
 ])
 @AS_ROOT
 def test_the_textfile_directory_node_exporter_reads(tmp_path, os_release, settings, procs, want, why):
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
 
     found = df.find_textfile_dir(_fake_host(tmp_path, os_release, settings, procs))
     assert found.path == want and why in found.why, found
@@ -187,7 +187,7 @@ def test_the_textfile_directory_node_exporter_reads(tmp_path, os_release, settin
 ])
 @AS_ROOT
 def test_a_running_exporter_that_reads_no_textfile_is_said(tmp_path, argv, message):
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
 
     with pytest.raises(df.DeployFilesError, match=message):
         df.find_textfile_dir(_fake_host(tmp_path, DEBIAN, None, [(40, argv)]))
@@ -198,7 +198,7 @@ def test_a_running_exporter_that_reads_no_textfile_is_said(tmp_path, argv, messa
 def test_a_real_running_node_exporter_names_its_directory(tmp_path):
     """Debian's packaged binary, running: its own --collector.textfile.directory, read from its /proc entry
     (a root whose proc/ holds only that process, so other exporters on this machine do not count)."""
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
 
     textfiles = tmp_path / "textfiles"
     textfiles.mkdir()
@@ -227,7 +227,7 @@ def _wait_listening(proc: "subprocess.Popen[bytes]") -> None:
 
 
 def _why_not_debian() -> str:
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return "needs root and unshare (a private PID and mount namespace)"
@@ -343,12 +343,11 @@ def test_the_scenarios_series_are_what_kvforensics_exports():
     import json
     import re
 
+    from kvforensics.agent.history.store import GpuLowWater
+    from kvforensics.agent.model.reconcile import inspect_snapshot
+    from kvforensics.agent.model.records import Options
+    from kvforensics.reports import prometheus
     from prometheus_client.parser import text_string_to_metric_families
-
-    from agent.history.store import GpuLowWater
-    from agent.model.reconcile import inspect_snapshot
-    from agent.model.records import Options
-    from reports import prometheus
 
     insp = inspect_snapshot(json.loads((ROOT / "examples" / "seed-node.json").read_text()), "local:n1", Options())
     lows = {g.index: GpuLowWater(gpu=g.index, uuid=g.uuid, rank=g.rank, samples=1, min_free_bytes=g.free_bytes,
@@ -375,6 +374,34 @@ def test_deploy_files_usage():
     assert run_cli(["deploy-files"])[0] == 2
     code, out, err = run_cli(["deploy-files", "--print"])
     assert code == 0 and "# ==> kvforensics.rules.yml <==" in out
+
+
+def test_the_install_owns_one_import_name(prefix, tmp_path):
+    """pip puts kvforensics and its metadata into site-packages, nothing else (no top-level ``agent`` or
+    ``reports`` beside other projects' modules), and ``python -m kvforensics`` runs the CLI from there."""
+    site = next(prefix.glob("lib/python3*/site-packages"))
+    ours = sorted(p.name for p in site.iterdir() if p.name != "test-deps.pth" and not p.name.startswith("_"))
+    assert [n for n in ours if not n.endswith(".dist-info")] == ["kvforensics"]
+    assert {p.name for p in (site / "kvforensics").iterdir() if p.is_dir()} >= {"agent", "collectors", "reports"}
+    assert (site / "kvforensics" / "agent" / "schemas" / "report.schema.json").is_file()
+    out = subprocess.run([str(prefix / "bin" / "python"), "-m", "kvforensics", "--version"], capture_output=True,
+                         text=True, env=_clean_env(), cwd=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.startswith("kvforensics "), out.stderr
+    code = ("import kvforensics.agent.cli, sys\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'agent', 'collectors', 'reports'}))")
+    out = subprocess.run([str(prefix / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         env=_clean_env(), cwd=str(tmp_path))
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_pyproject_names_every_package_folder():
+    """The folders are installed under another name, so their packages are listed in pyproject.toml by hand: a
+    new engine's folder missing there would be missing from the wheel."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tree = {"kvforensics"} | {"kvforensics." + ".".join(p.parent.relative_to(ROOT).parts)
+                              for top in ("agent", "collectors", "reports") for p in (ROOT / top).rglob("__init__.py")}
+    assert listed == tree
 
 
 def test_the_sdist_holds_what_the_tests_need(tmp_path):

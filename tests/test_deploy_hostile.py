@@ -200,7 +200,7 @@ def _spawn(argv, user=NOBODY, argv0="node_exporter") -> "subprocess.Popen[bytes]
 
 
 def test_an_unprivileged_process_named_node_exporter_is_not_believed(tmp_path):
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
 
     proc = _spawn(["/bin/sh", "-c", "sleep 60; :", "sh", "--collector.textfile.directory=" + EVIL])
     try:
@@ -216,7 +216,7 @@ def test_an_unprivileged_process_named_node_exporter_is_not_believed(tmp_path):
 @pytest.mark.skipif(shutil.which("prometheus-node-exporter") is None,
                     reason="prometheus-node-exporter not installed (CI installs it)")
 def test_the_packaged_exporter_started_by_another_user_or_a_copy_of_it_is_not_believed(tmp_path, shared):
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
 
     packaged = os.path.realpath(shutil.which("prometheus-node-exporter"))
     copy = shared / "node_exporter"
@@ -237,7 +237,8 @@ def test_the_packaged_exporter_started_by_another_user_or_a_copy_of_it_is_not_be
 
 def test_a_newline_in_a_trusted_exporters_flag_is_refused_not_written(tmp_path):
     """Even root's own exporter (here a fake host's, root-owned) cannot put a second line into the cron file."""
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
+
     from tests.test_deploy import _fake_host
 
     root = _fake_host(tmp_path, "ID=debian\n", None, [(77, ["/usr/bin/node_exporter",
@@ -247,7 +248,8 @@ def test_a_newline_in_a_trusted_exporters_flag_is_refused_not_written(tmp_path):
 
 
 def test_a_settings_file_another_user_can_write_is_not_read(tmp_path):
-    from agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_files as df
+
     from tests.test_deploy import _fake_host
 
     root = Path(_fake_host(tmp_path, "ID=debian\n", {"etc/default/prometheus-node-exporter":

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import pytest
-
-from agent.cli import main
-from collectors import selection, snapshot
-from collectors.selection import EngineSelector, SelectorError
+from kvforensics.agent.cli import main
+from kvforensics.collectors import selection, snapshot
+from kvforensics.collectors.selection import EngineSelector, SelectorError
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from reports import fit
-from reports.fit import NOTES, Col
+from kvforensics.reports import fit
+from kvforensics.reports.fit import NOTES, Col
 
 CUT_FIGURE = fit.CUT_FIGURE
 
@@ -73,7 +73,7 @@ def test_the_figure_pattern_tells_figures_from_names():
 
 def test_a_figure_and_its_unit_wrap_as_one_word():
     """Piped into a ticket at 80 columns the seed's cause read "CUDA graphs (1.43" / "GiB)": never again."""
-    from reports.fit import wrap
+    from kvforensics.reports.fit import wrap
 
     text = "It paid for the EAGLE3 draft (3.52 GiB), CUDA graphs (1.43 GiB) and workspaces (0.69 GiB); +45,981 tokens"
     for width in range(20, 90):

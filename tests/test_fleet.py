@@ -201,7 +201,7 @@ def test_a_restarted_engine_is_up_in_a_new_run(tmp_path, monkeypatch):
 def test_last_success_is_kept_when_a_run_collects_nothing(tmp_path, monkeypatch):
     """A run that collects nothing (no NVIDIA library, no engine, no host memory) exits 3 and exports the
     last success from the history, unchanged: KvforensicsRecordNotRunning fires 30 minutes later."""
-    from collectors import snapshot
+    from kvforensics.collectors import snapshot
 
     seed = json.loads((ROOT / "examples" / "seed-node.json").read_text())
     seed.pop("engine_log", None)
@@ -227,7 +227,7 @@ def test_last_success_is_kept_when_a_run_collects_nothing(tmp_path, monkeypatch)
 
 
 def _engine_record(engine: str, pod: Tuple[Tuple[str, str], ...], first_seen: float):
-    from agent.model.evidence import Pod
+    from kvforensics.agent.model.evidence import Pod
 
     values = dict(pod)
     selected = SimpleNamespace(pod=Pod(namespace=values["namespace"], name=values["pod"], uid="u",
@@ -243,8 +243,8 @@ def _engine_record(engine: str, pod: Tuple[Tuple[str, str], ...], first_seen: fl
     ((), 2000.0, True),  # not in a pod
 ])
 def test_a_replaced_pod_is_not_a_gone_engine(tmp_path, now_pod, started, gone):
-    from agent.history import record as record_mod
-    from agent.history import store as history
+    from kvforensics.agent.history import record as record_mod
+    from kvforensics.agent.history import store as history
 
     opened = history.open_db(str(tmp_path / "h.db"))
     try:

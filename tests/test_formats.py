@@ -85,11 +85,11 @@ def test_markdown_is_short_by_default_and_full_with_detail():
 
 
 def test_markdown_fleet_table():
-    from agent.model.live import TargetFailure
-    from agent.model.reconcile import inspect_snapshot
-    from agent.model.records import Options
-    from agent.remote import bundles
-    from reports import markdown
+    from kvforensics.agent.model.live import TargetFailure
+    from kvforensics.agent.model.reconcile import inspect_snapshot
+    from kvforensics.agent.model.records import Options
+    from kvforensics.agent.remote import bundles
+    from kvforensics.reports import markdown
 
     insp = inspect_snapshot(bundles.load(str(SEED_NODE)), "ssh:gpu-07", Options())
     out = markdown.render_fleet([insp, TargetFailure("ssh:gpu|08", "unreachable", "ssh.unreachable",

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from kvforensics.agent.model import evidence
+from kvforensics.agent.remote import bundles
 
-from agent.model import evidence
-from agent.remote import bundles
 from tests.conftest import EACH_FORMAT, ROOT, run_cli, run_in_each_format
 from tests.test_fuzz_logs import mutate as mutate_log
 from tests.test_log_memory import PEAK
@@ -133,7 +133,7 @@ def test_an_analysis_without_an_engine_name_is_no_match_not_a_crash(tmp_path, mo
     # A plug-in's analysis that names no engine (the protocol asks for one) is not the server's engine's.
     from dataclasses import dataclass
 
-    from agent.model import reconcile
+    from kvforensics.agent.model import reconcile
 
     real = reconcile.analyze_startup
 
@@ -158,7 +158,7 @@ def test_an_analysis_without_an_engine_name_is_no_match_not_a_crash(tmp_path, mo
 
 
 def _options() -> Any:
-    from agent.model.records import Options
+    from kvforensics.agent.model.records import Options
 
     return Options()
 
@@ -200,7 +200,7 @@ def test_a_file_of_newlines_holding_a_marker_is_read_in_place(tmp_path):
 
 _PEAK = PEAK + textwrap.dedent("""
     import sys
-    from agent.remote import bundles
+    from kvforensics.agent.remote import bundles
     try:
         bundles.load(sys.argv[1])
     except bundles.BundleError as exc:

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Callable, List
 
 import pytest
+from kvforensics.agent.sglang import budget
+from kvforensics.collectors.vllm.log import parse_line as vllm_parse_line
+from kvforensics.collectors.vllm.log import split_record
 
-from agent.sglang import budget
-from collectors.vllm.log import parse_line as vllm_parse_line
-from collectors.vllm.log import split_record
 from tests.conftest import EACH_FORMAT, FIXTURES, ROOT, SEED_LOG, run_cli, run_in_each_format
 
 LOGS = sorted(FIXTURES.glob("real_*/*.log")) + sorted((ROOT / "examples").glob("*.log"))
@@ -74,9 +74,9 @@ def test_a_forged_max_running_requests_is_unknown_not_an_overflow(tmp_path):
 
 
 def test_a_vllm_pool_of_more_tokens_than_bytes_has_no_bytes_per_token(tmp_path):
-    from agent.model.analyze import analyze_startup
-    from agent.model.records import Options
-    from collectors.logfile import read_log
+    from kvforensics.agent.model.analyze import analyze_startup
+    from kvforensics.agent.model.records import Options
+    from kvforensics.collectors.logfile import read_log
 
     path = tmp_path / "v1.log"
     text = (ROOT / "examples" / "vllm-v1-to-capture.log").read_text(encoding="utf-8")
@@ -141,7 +141,7 @@ def _numbers(x):  # type: ignore[no-untyped-def]
 def test_every_figure_a_line_format_extracts_is_bounded(huge):
     """Every figure either engine's rows take from any real line with one of its numbers made huge is
     finite and at most 2^60 (a PiB in bytes, 10^13 tokens), or the line is not recognised at all."""
-    from collectors.sglang.log import parse_line as sglang_parse_line
+    from kvforensics.collectors.sglang.log import parse_line as sglang_parse_line
 
     parsers = (sglang_parse_line, vllm_parse_line)
     lines = {line for log in LOGS for line in log.read_text(encoding="utf-8", errors="replace").splitlines()

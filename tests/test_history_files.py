@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict
 
 import pytest
+from kvforensics.agent.history import store as history
 
-from agent.history import store as history
 from tests.conftest import ROOT, run_cli
 
 SEED_NODE = ROOT / "examples" / "seed-node.json"
@@ -29,7 +29,7 @@ LEFT = "it was left as it is"
 @pytest.fixture
 def replay(monkeypatch) -> Dict[str, Any]:
     """record's collector replays the seed node's snapshot (made on the fake node): no processes needed."""
-    from collectors import snapshot
+    from kvforensics.collectors import snapshot
 
     snap = json.loads(SEED_NODE.read_text())
     snap.pop("engine_log", None)  # the log analysis is not what these tests are about, and it is slow
@@ -396,7 +396,7 @@ def _poke_bytes(db: Path, offset: int, data: bytes) -> None:
 
 @pytest.mark.parametrize("kind", ["directory", "fifo", "another program's sqlite"])
 def test_inspect_reads_no_history_from_what_is_not_ours(tmp_path, replay, kind):
-    from agent.history.record import local_history
+    from kvforensics.agent.history.record import local_history
 
     db = tmp_path / "h.db"
     HOSTILE[kind][0](db)
@@ -448,7 +448,7 @@ def test_what_is_not_our_textfile_is_refused_before_sampling_and_left_as_it_is(t
 def test_only_a_file_that_is_provably_ours_is_replaced(tmp_path, replay):
     """What record writes begins with its header and is replaced by the next run; a textfile an older
     release wrote (kvforensics_ metrics declared, no header) is ours too; a missing path is made."""
-    from reports.textfile import HEADER
+    from kvforensics.reports.textfile import HEADER
 
     prom = tmp_path / "k.prom"
     code, _, err = record(tmp_path / "h.db", "--prom-file", str(prom))
@@ -476,7 +476,7 @@ def test_an_empty_or_comments_only_file_is_not_ours(tmp_path, replay, text, word
 
 
 def test_a_textfile_swapped_for_another_during_the_run_is_not_replaced(tmp_path, monkeypatch):
-    from reports import textfile
+    from kvforensics.reports import textfile
 
     prom = tmp_path / "k.prom"
     prom.write_text(SMARTMON)  # what another tool put there after record's first look

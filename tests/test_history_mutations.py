@@ -48,8 +48,8 @@ HOSTILE_VALUES = ("'text'", "''", "X'00FF'", "X''", "1e308", "-1e308", "9e999", 
 def base(tmp_path_factory) -> bytes:
     """A real history: this node's engine run (GPU and engine rows from the history module, then two
     samples by `record`), an older run without an engine, and one outside the default window."""
-    from agent.history import store as history
-    from agent.history.record import run_key
+    from kvforensics.agent.history import store as history
+    from kvforensics.agent.history.record import run_key
 
     snap = _snapshot()
     db = tmp_path_factory.mktemp("base") / "h.db"
@@ -90,8 +90,7 @@ class _replaying:
 
     def __enter__(self) -> "_replaying":
         import typer
-
-        from collectors import snapshot
+        from kvforensics.collectors import snapshot
 
         self.saved = snapshot.collect_each, typer.main.get_command
         snapshot.collect_each = lambda **kw: [copy.deepcopy(self.snap)]
@@ -100,8 +99,7 @@ class _replaying:
 
     def __exit__(self, *exc: object) -> None:
         import typer
-
-        from collectors import snapshot
+        from kvforensics.collectors import snapshot
 
         snapshot.collect_each, typer.main.get_command = self.saved
 

@@ -99,7 +99,7 @@ def test_sigterm_and_ctrl_c_end_the_run_at_once_and_leave_nothing_in_tmp(tmp_pat
     child = tmp_path / "child.pid"
     _kubectl(tmp_path, monkeypatch, logs="sleep 300 & echo $! > {} ; wait".format(child))
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "inspect", "k8s:ns/p", "--timeout", "100"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "kvforensics", "inspect", "k8s:ns/p", "--timeout", "100"], env=env,
                             cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         for _ in range(GUARD_S * 10):  # until kubectl logs runs (its temporary folder exists by then)

@@ -21,7 +21,7 @@ GUARD_S = 120  # a hang, not a speed, fails the test
 
 def _cli(argv, stdin=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "agent"] + argv, stdin=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvforensics"] + argv, stdin=stdin, capture_output=True, text=True,
                           timeout=GUARD_S, env=env, cwd=str(ROOT))
 
 
@@ -33,7 +33,7 @@ def test_a_character_device_is_refused_before_reading():
 
 
 def test_a_pod_log_that_links_to_dev_zero_is_refused(tmp_path):
-    from collectors.logfile import LogReadError, read_log
+    from kvforensics.collectors.logfile import LogReadError, read_log
 
     link = tmp_path / "0.log"
     link.symlink_to("/dev/zero")
@@ -59,7 +59,7 @@ def test_a_gz_of_zeros_is_refused_without_inflating_it(tmp_path):
 
 
 def test_a_gz_that_inflates_past_its_cap_is_a_bomb_and_its_verdict_is_kept(tmp_path, monkeypatch):
-    from collectors import logfile
+    from kvforensics.collectors import logfile
 
     bomb = tmp_path / "server.log.2.gz"
     with gzip.open(str(bomb), "wb", compresslevel=9) as f:

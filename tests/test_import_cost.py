@@ -30,14 +30,16 @@ HEAVY = (
     "jsonschema", "referencing", "rpds",  # schema checks
     "paramiko", "cryptography",  # SSH
     "prometheus_client", "sqlite3",  # record, serve, history
-    "agent.cli.inspect", "agent.cli.record", "agent.cli.serve", "agent.cli.watch", "agent.cli.history",
-    "agent.cli.deploy", "agent.cli.probe", "agent.remote",
-    "reports.terminal", "reports.markdown", "reports.oneline",  # other formats' renderers
+    "kvforensics.agent.cli.inspect", "kvforensics.agent.cli.record", "kvforensics.agent.cli.serve",
+    "kvforensics.agent.cli.watch", "kvforensics.agent.cli.history",
+    "kvforensics.agent.cli.deploy", "kvforensics.agent.cli.probe", "kvforensics.agent.remote",
+    "kvforensics.reports.terminal", "kvforensics.reports.markdown", "kvforensics.reports.oneline",
+    # other formats' renderers
 )
 
 _PROBE = """
 import json, sys
-from agent.cli import main
+from kvforensics.agent.cli import main
 rc = main(sys.argv[1:])
 sys.stdout.flush()
 sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
@@ -66,12 +68,14 @@ def _heavy(modules: set, heavy=HEAVY) -> list:
 # `record` from cron (bench/bench_record.py, 2026-12-01): sqlite3 (the history) and prometheus_client (the
 # textfile) are its job; it checks a startup its history keeps only when its log no longer holds one, so a run
 # whose log does costs no jsonschema; nothing of SSH, kubectl or rendering.
-RECORD_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "prometheus_client", "agent.cli.record")) + (
-    "collectors.selection",)  # --engine's parser: a record of every engine has nothing to parse
+RECORD_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "prometheus_client", "kvforensics.agent.cli.record")) + (
+    "kvforensics.collectors.selection",)  # --engine's parser: a record of every engine has nothing to parse
 # Local `inspect --json`: sqlite3 reads the history record keeps; remote targets' modules only with remote targets
 # (agent.remote.targets, which names them, is light), a renderer only for its format.
-INSPECT_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "agent.cli.inspect", "agent.remote")) + (
-    "agent.remote.fleet", "agent.remote.ssh", "agent.remote.kubectl", "agent.remote.probe", "agent.remote.bundles",
+INSPECT_HEAVY = tuple(h for h in HEAVY if h not in ("sqlite3", "kvforensics.agent.cli.inspect",
+                                                    "kvforensics.agent.remote")) + (
+    "kvforensics.agent.remote.fleet", "kvforensics.agent.remote.ssh", "kvforensics.agent.remote.kubectl",
+    "kvforensics.agent.remote.probe", "kvforensics.agent.remote.bundles",
     "concurrent.futures")
 
 
@@ -111,8 +115,10 @@ def test_a_node_without_an_engine_imports_no_engine_analysis(tmp_path):
                             "--fail-on", "never", env=env, alone=True)
     codes = [f["code"] for f in json.loads(out)["targets"][0]["findings"]]
     assert "engine_not_found" in codes  # the rule that names every engine still ran
-    assert _heavy(modules, ("agent.sglang.analysis", "agent.sglang.rules", "agent.sglang.recommend",
-                            "agent.vllm.analysis", "agent.vllm.rules", "agent.vllm.recommend")) == []
+    assert _heavy(modules, ("kvforensics.agent.sglang.analysis", "kvforensics.agent.sglang.rules",
+                            "kvforensics.agent.sglang.recommend",
+                            "kvforensics.agent.vllm.analysis", "kvforensics.agent.vllm.rules",
+                            "kvforensics.agent.vllm.recommend")) == []
 
 
 def test_analyze_json_imports_nothing_heavy():
@@ -124,14 +130,15 @@ def test_analyze_json_imports_nothing_heavy():
 def test_the_guard_sees_what_it_guards():
     """The same probe on the terminal format does load a renderer: the list is not vacuous."""
     modules, _ = _modules("analyze", str(ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log"))
-    assert "reports.terminal" in _heavy(modules)
+    assert "kvforensics.reports.terminal" in _heavy(modules)
 
 
 def test_what_record_types_unchecked_conforms(tmp_path, monkeypatch):
     """record and serve type their own collectors' snapshots without the schema check (per-run work that
     finds nothing: evidence.Collected); here the check runs on exactly what they collect."""
-    from agent.cli.record import collector
-    from agent.model import evidence
+    from kvforensics.agent.cli.record import collector
+    from kvforensics.agent.model import evidence
+
     from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
     build_fake_nvml()
@@ -147,13 +154,13 @@ def test_what_record_types_unchecked_conforms(tmp_path, monkeypatch):
 
 _SCAN = """
 import json, sys
-from collectors import engines
-from collectors.plugin import ENGINES
+from kvforensics.collectors import engines
+from kvforensics.collectors.plugin import ENGINES
 hits = [engines.classify(argv) for argv in ({argvs})]
-loaded = sorted(m for m in sys.modules if m.startswith("collectors."))
+loaded = sorted(m for m in sys.modules if m.startswith("kvforensics.collectors."))
 {after}
 print(json.dumps({{"hits": [h and h[0] for h in hits], "loaded": loaded,
-                  "later": sorted(m for m in sys.modules if m.startswith("collectors."))}}))
+                  "later": sorted(m for m in sys.modules if m.startswith("kvforensics.collectors."))}}))
 """
 _LOG_PARTS = ("formats", "log", "startups", "http", "metrics", "server_args")
 
@@ -172,25 +179,28 @@ def test_the_process_scan_imports_no_engine_log_parser():
     got = _scan('["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "m"], ["vllm", "serve", "m"], '
                 '["bash"]', after='ENGINES.get("vllm").parse_line("INFO x", 1, 0); list(ENGINES.get("vllm").formats)')
     assert got["hits"] == ["sglang", "vllm", None]  # the rules still apply
-    engines_loaded = [m for m in got["loaded"] if m.split(".")[1] in ("sglang", "vllm")]
-    assert sorted(engines_loaded) == ["collectors.sglang", "collectors.sglang.plugin", "collectors.sglang.processes",
-                                      "collectors.vllm", "collectors.vllm.plugin", "collectors.vllm.processes"]
+    engines_loaded = [m for m in got["loaded"] if m.split(".")[2] in ("sglang", "vllm")]
+    assert sorted(engines_loaded) == ["kvforensics.collectors.sglang", "kvforensics.collectors.sglang.plugin",
+                                      "kvforensics.collectors.sglang.processes",
+                                      "kvforensics.collectors.vllm", "kvforensics.collectors.vllm.plugin",
+                                      "kvforensics.collectors.vllm.processes"]
     # first use imports what it needs, that engine's only: the guard sees what it guards
-    assert {"collectors.vllm.log", "collectors.vllm.formats"} <= set(got["later"])
-    assert not [m for m in got["later"] if m.startswith("collectors.sglang.") and m.split(".")[2] in _LOG_PARTS]
+    assert {"kvforensics.collectors.vllm.log", "kvforensics.collectors.vllm.formats"} <= set(got["later"])
+    assert not [m for m in got["later"]
+                if m.startswith("kvforensics.collectors.sglang.") and m.split(".")[3] in _LOG_PARTS]
 
 
 def test_lazy_rows_read_as_the_tuple_they_name():
-    from collectors.plugin import ENGINES
-    from collectors.registry import lazy_rows
-    from collectors.sglang import formats as sglang_formats
-    from collectors.vllm import formats as vllm_formats
+    from kvforensics.collectors.plugin import ENGINES
+    from kvforensics.collectors.registry import lazy_rows
+    from kvforensics.collectors.sglang import formats as sglang_formats
+    from kvforensics.collectors.vllm import formats as vllm_formats
 
     assert tuple(ENGINES.get("sglang").formats) == sglang_formats.FORMATS
     vllm = ENGINES.get("vllm")
     assert tuple(vllm.formats) == tuple(r for r in vllm_formats.FORMATS if r.needle not in vllm_formats.IDLE_NEEDLES)
     assert tuple(vllm.idle_needles) == vllm_formats.IDLE_NEEDLES and len(vllm.idle_needles) == 1
-    rows = lazy_rows("collectors.vllm.formats:IDLE_NEEDLES")
+    rows = lazy_rows("kvforensics.collectors.vllm.formats:IDLE_NEEDLES")
     assert rows[0] == vllm_formats.IDLE_NEEDLES[0] and "lazy_rows" in repr(rows)
 
 
@@ -200,12 +210,12 @@ def test_lazy_rows_read_as_the_tuple_they_name():
 # (and the subprocess and tempfile of its ctypes.util) only where a driver library loads. An engine's log and
 # HTTP readers bring their own.
 PROBE_HEAVY = ("zipfile", "shutil", "pathlib", "urllib", "socket", "platform", "email", "http", "ssl", "pynvml",
-               "subprocess", "tempfile", "collectors.selection")
+               "subprocess", "tempfile", "kvforensics.collectors.selection")
 
 
 @needs_own_pids
 def test_the_probe_imports_nothing_heavy_on_the_host():
-    from agent.remote import probe
+    from kvforensics.agent.remote import probe
 
     script = probe.build({"nvml_lib": "/nonexistent/libnvidia-ml.so.1", "log": None, "http": False}).script
     # In a PID namespace of its own the probe finds no engine (other tests' fake servers run on this machine);
@@ -215,5 +225,5 @@ def test_the_probe_imports_nothing_heavy_on_the_host():
     assert done.returncode == 0, done.stderr[-2000:]
     modules = {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines()
                if line.startswith("import time:") and "|" in line}
-    assert "collectors.snapshot" in modules  # the guard sees the probe's own imports
+    assert "kvforensics.collectors.snapshot" in modules  # the guard sees the probe's own imports
     assert _heavy(modules, PROBE_HEAVY) == []

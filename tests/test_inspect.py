@@ -46,7 +46,7 @@ def _codes(t):
 def test_seed_node_end_to_end_as_a_process(node):
     """The CLI as a separate process finds libnvidia-ml.so.1 on the loader path, like the real one."""
     env = dict(node.env(), LD_LIBRARY_PATH=str(FAKE_LIB.parent), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "agent", "inspect", "--json", "--no-http"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kvforensics", "inspect", "--json", "--no-http"], capture_output=True,
                           text=True, env=env, timeout=60, cwd=str(ROOT))
     assert proc.returncode == 1, proc.stderr  # findings at warning and above
     t = json.loads(proc.stdout)["targets"][0]
@@ -323,7 +323,8 @@ def test_inside_a_pid_namespace_host_pids_are_not_orphans(tmp_path):
         pytest.skip("needs root and unshare to make a PID namespace")
     with FakeNode(tmp_path / "node") as node:
         env = dict(os.environ, FAKE_NVML_SCENARIO=str(node.scenario), PYTHONPATH=str(ROOT))
-        done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "agent", "inspect",
+        done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "kvforensics",
+                               "inspect",
                                "--json", "--no-http", "--nvml-lib", str(FAKE_LIB)], capture_output=True, text=True,
                               env=env, timeout=120)
         if done.returncode not in (0, 1, 3) or not done.stdout.strip():
@@ -337,7 +338,7 @@ def test_inside_a_pid_namespace_host_pids_are_not_orphans(tmp_path):
 
 def test_nested_namespace_pids_map_through_nspid(tmp_path):
     """From the host, a PID numbered inside a container's namespace is found through NSpid."""
-    from collectors import procfs
+    from kvforensics.collectors import procfs
 
     proc = tmp_path / "proc" / "4242"
     proc.mkdir(parents=True)

@@ -12,9 +12,9 @@ import math
 import re
 
 import pytest
+from kvforensics.collectors import engines
+from kvforensics.collectors.vllm import processes as vllm_processes
 
-from collectors import engines
-from collectors.vllm import processes as vllm_processes
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, GIB, MIB, TOTAL, FakeNode, FakeVllmNode, build_fake_nvml
 
@@ -304,14 +304,14 @@ def test_model_config_bytes_per_token_against_a_real_log(tmp_path):
      8 * 256 * 20 * 2),  # PP=4: a stage's 20 layers
 ])
 def test_vllm_paging_per_worker(cfg, tp, dtype, pp, want):
-    from agent.vllm.kv_geometry import geometry
+    from kvforensics.agent.vllm.kv_geometry import geometry
 
     assert geometry(cfg, tp, dtype, pp).bytes_per_token == want
 
 
 def test_a_hybrid_config_is_not_reduced_to_one_figure():
-    from agent.model.geometry import GeometryError
-    from agent.vllm.kv_geometry import geometry
+    from kvforensics.agent.model.geometry import GeometryError
+    from kvforensics.agent.vllm.kv_geometry import geometry
 
     with pytest.raises(GeometryError, match="hybrid"):
         geometry({"num_hidden_layers": 48, "num_attention_heads": 32, "hidden_size": 4096,
@@ -415,9 +415,9 @@ def test_a_log_of_the_other_engine_is_set_aside(tmp_path):
 def test_v0_spawned_engine_process_runs_the_driver():
     """V0 from 0.6.0: the OpenAI server spawns the engine, an untitled child holding GPU 0 whose lines carry
     no prefix; the other rank prints its PID."""
-    from agent.model.evidence import Engine, Process
-    from agent.vllm.analysis import Analysis, Worker
-    from agent.vllm.live import place
+    from kvforensics.agent.model.evidence import Engine, Process
+    from kvforensics.agent.vllm.analysis import Analysis, Worker
+    from kvforensics.agent.vllm.live import place
 
     def proc(pid):
         return Process(pid, False)
@@ -439,7 +439,7 @@ def test_v0_spawned_engine_process_runs_the_driver():
 
 def test_a_data_parallel_launch_is_one_startup():
     """Each engine core prints its own banner (EngineCore_DP0, _DP1): one launch, not two startups."""
-    from collectors.vllm.startups import segment_lines
+    from kvforensics.collectors.vllm.startups import segment_lines
 
     text = (ROOT / "tests" / "fixtures" / "fake_vllm" / "v1-0.27-tp2.log").read_text().format(
         server=1, core=2, tp0=3, tp1=4, port=8000).splitlines()
@@ -452,8 +452,8 @@ def test_a_data_parallel_launch_is_one_startup():
 
 
 def test_checkpoint_fp8_kv_counts_only_from_0_14():
-    from agent.model.geometry import GeometryError
-    from agent.vllm.kv_geometry import geometry
+    from kvforensics.agent.model.geometry import GeometryError
+    from kvforensics.agent.vllm.kv_geometry import geometry
 
     cfg = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
            "torch_dtype": "bfloat16", "quantization_config": {"kv_cache_quant_algo": "FP8"}}
@@ -464,7 +464,7 @@ def test_checkpoint_fp8_kv_counts_only_from_0_14():
 
 
 def test_api_keys_in_vllms_argument_list_are_redacted():
-    from collectors.redact import redact_mapping, redact_text
+    from kvforensics.collectors.redact import redact_mapping, redact_text
 
     line = "non-default args: {'model': 'm', 'api_key': ['sk-live-SECRET'], 'max_num_batched_tokens': 8192}"
     assert "sk-live" not in redact_text(line) and "8192" in redact_text(line)
@@ -475,9 +475,9 @@ def test_api_keys_in_vllms_argument_list_are_redacted():
 def test_in_v1_before_0_9_1_other_processes_are_inside_the_budget():
     """V1-a (0.8.x gpu_worker.py determine_available_memory): the non-torch figure is the device's whole
     non-torch use, other processes and the context included, so the room beside the engine is T − T·u."""
-    from agent.model.records import Options
-    from agent.vllm.analysis import build_analysis
-    from collectors.vllm.startups import segment_lines
+    from kvforensics.agent.model.records import Options
+    from kvforensics.agent.vllm.analysis import build_analysis
+    from kvforensics.collectors.vllm.startups import segment_lines
 
     stamp = "INFO 05-01 10:00:0{} "
     lines = [stamp.format(0) + "[gpu_model_runner.py:1000] Model loading took 15.0000 GB and 10.000000 seconds",
@@ -517,7 +517,7 @@ def test_the_second_review(tmp_path):
 
 def test_a_v0_banner_is_read():
     """0.7.3–0.9.x print 'Initializing a V0 LLM engine (v0.8.5)' beside V1's banner."""
-    from collectors.vllm.log import parse_line
+    from kvforensics.collectors.vllm.log import parse_line
 
     (ev,) = [e for e in parse_line("INFO 05-01 10:00:00 [llm_engine.py:240] Initializing a V0 LLM engine (v0.8.5) "
                                    "with config: model='m', max_seq_len=4096, tensor_parallel_size=2")

@@ -99,7 +99,7 @@ UID = "7d5f6a2e-3c1b-4e8f-9a0d-2b4c6e8f1a3c"
 
 
 def test_the_pod_kubectl_reached_from_the_api_servers_object():
-    from agent.remote.kubectl import parse_target, reached_pod
+    from kvforensics.agent.remote.kubectl import parse_target, reached_pod
 
     obj = {"metadata": {"name": "p", "namespace": "ns", "uid": UID,
                         "annotations": {"kubectl.kubernetes.io/default-container": "engine"}},

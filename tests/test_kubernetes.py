@@ -102,7 +102,7 @@ def test_the_servicemonitor_is_valid_against_its_schema():
 
 
 def _seconds(duration: str) -> float:
-    from agent.history.store import parse_duration
+    from kvforensics.agent.history.store import parse_duration
 
     return parse_duration(duration)
 
@@ -132,8 +132,7 @@ def test_the_objects_point_at_each_other():
 def _serve_params(args: List[str]) -> Dict[str, Any]:
     """The DaemonSet's arguments as the real CLI parses them (an unknown option fails here)."""
     import typer
-
-    from agent.cli import app
+    from kvforensics.agent.cli import app
 
     assert args[0] == "serve"
     command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
@@ -211,7 +210,8 @@ def test_the_daemonsets_command_serves_the_fake_node(tmp_path):
     args[args.index("--listen") + 1] = "127.0.0.1:0"
     args[args.index("--db") + 1] = str(tmp_path / "history.db")
     with FakeNode(tmp_path / "node") as node:
-        proc = subprocess.Popen([sys.executable, "-m", "agent"] + args + ["--nvml-lib", str(FAKE_LIB), "--no-http"],
+        proc = subprocess.Popen([sys.executable, "-m", "kvforensics"] + args + ["--nvml-lib", str(FAKE_LIB),
+                                                                                "--no-http"],
                                 env=dict(node.env(), PYTHONPATH=str(ROOT)), cwd=str(ROOT), stderr=subprocess.PIPE,
                                 text=True)
         try:
@@ -228,6 +228,6 @@ def test_the_daemonsets_command_serves_the_fake_node(tmp_path):
 
 def test_deploy_files_lists_every_kubernetes_file():
     """What `deploy-files` writes (and looks for in an installation) is the whole folder."""
-    from agent.cli.deploy_files import KUBERNETES_FILES
+    from kvforensics.agent.cli.deploy_files import KUBERNETES_FILES
 
     assert {Path(n).name for n in KUBERNETES_FILES} == {p.name for p in K8S.iterdir()}

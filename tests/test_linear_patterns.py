@@ -10,15 +10,15 @@ import time
 from typing import Dict, Tuple
 
 import pytest
+from kvforensics.collectors import lineformat
+from kvforensics.collectors.lineformat import LineFormat
+from kvforensics.collectors.sglang import formats as sglang_formats
+from kvforensics.collectors.sglang import log as sglang_log
+from kvforensics.collectors.trtllm import formats as trtllm_formats
+from kvforensics.collectors.trtllm import log as trtllm_log
+from kvforensics.collectors.vllm import formats as vllm_formats
+from kvforensics.collectors.vllm import log as vllm_log
 
-from collectors import lineformat
-from collectors.lineformat import LineFormat
-from collectors.sglang import formats as sglang_formats
-from collectors.sglang import log as sglang_log
-from collectors.trtllm import formats as trtllm_formats
-from collectors.trtllm import log as trtllm_log
-from collectors.vllm import formats as vllm_formats
-from collectors.vllm import log as vllm_log
 from tests.conftest import FIXTURES, ROOT
 
 RUN = 200_000

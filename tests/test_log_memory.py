@@ -28,7 +28,7 @@ PEAK = textwrap.dedent("""
 """)
 _READ = PEAK + textwrap.dedent("""
     import sys
-    from collectors.logfile import read_log
+    from kvforensics.collectors.logfile import read_log
     x = read_log(sys.argv[1])
     print(len(x.startup.events), x.startup.dropped, peak())
 """)
@@ -82,8 +82,8 @@ def test_repeated_v0_records_are_one_startup_each(tmp_path):
 
 
 def test_an_endless_startup_keeps_its_first_events_and_says_how_many_it_dropped(tmp_path):
-    from collectors.events import MAX_STARTUP_EVENTS
-    from collectors.logfile import read_log
+    from kvforensics.collectors.events import MAX_STARTUP_EVENTS
+    from kvforensics.collectors.logfile import read_log
 
     path = _one_endless_startup(4 * MIB, tmp_path / "one.log")
     x = read_log(str(path))
@@ -95,7 +95,7 @@ def test_an_endless_startup_keeps_its_first_events_and_says_how_many_it_dropped(
 
 # The reader's sizes shrunk, so a few MiB exercise what a GiB-sized file meets: reading windows, blocks
 # of one endless line, and lines long enough to be cut at their records.
-_SHRINK = "from collectors import logfile\n" \
+_SHRINK = "from kvforensics.collectors import logfile\n" \
     "logfile.WHOLE_FILE_BYTES, logfile.FIRST_WINDOW_BYTES, logfile.BLOCK_BYTES, logfile.LONG_LINE_BYTES = " \
     "1 << 20, 256 << 10, 64 << 10, 16 << 10\n"
 
@@ -127,8 +127,8 @@ def test_memory_is_flat_for_one_line_of_glued_records_of_any_length(tmp_path, st
 def test_a_cut_line_gives_the_events_of_its_records(tmp_path):
     """Cut at its records, a glued line gives the seed's own events: the same kinds, ranks and figures,
     each at its own byte offset (a saved startup keeps every piece)."""
-    from collectors import logfile
-    from collectors.logfile import read_log
+    from kvforensics.collectors import logfile
+    from kvforensics.collectors.logfile import read_log
 
     seed = read_log(str(ROOT / "examples" / "kimi-k2.5-tp8-eagle3.log")).startup
     path = _glued(1, tmp_path / "one.log")  # one copy: a 15 KB line

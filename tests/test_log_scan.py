@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import random
 
-from collectors import logfile
-from collectors.logfile import read_log
-from collectors.plugin import ENGINES
+from kvforensics.collectors import logfile
+from kvforensics.collectors.logfile import read_log
+from kvforensics.collectors.plugin import ENGINES
+
 from tests import logbuilder as lb
 
 ARGS = {"model_path": "/m", "mem_fraction_static": 0.85, "tp_size": 2, "page_size": 1, "speculative_algorithm": None}

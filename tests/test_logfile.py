@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from kvforensics.collectors import logfile
+from kvforensics.collectors.logfile import LogReadError, read_log
 
-from collectors import logfile
-from collectors.logfile import LogReadError, read_log
 from tests import logbuilder as lb
 from tests.conftest import ROOT, SEED_LOG, run_cli, run_json
 
@@ -168,7 +168,9 @@ def test_unreadable_file():
     try:
         os.chmod(folder, 0o755)
         # a copy of the package, so the other user can import it wherever the checkout lives
-        shutil.copytree(str(ROOT / "collectors"), os.path.join(folder, "collectors"))
+        os.mkdir(os.path.join(folder, "kvforensics"))
+        open(os.path.join(folder, "kvforensics", "__init__.py"), "w").close()
+        shutil.copytree(str(ROOT / "collectors"), os.path.join(folder, "kvforensics", "collectors"))
         for dirpath, dirnames, filenames in os.walk(folder):
             for name in dirnames + filenames:
                 os.chmod(os.path.join(dirpath, name), 0o755)
@@ -182,7 +184,8 @@ def test_unreadable_file():
 
             nobody = pwd.getpwnam("nobody")
             kwargs["preexec_fn"] = lambda: (os.setgid(nobody.pw_gid), os.setuid(nobody.pw_uid))
-        code = ("import sys; sys.path.insert(0, sys.argv[2]); from collectors.logfile import read_log, LogReadError\n"
+        code = ("import sys; sys.path.insert(0, sys.argv[2])\n"
+                "from kvforensics.collectors.logfile import read_log, LogReadError\n"
                 "try:\n read_log(sys.argv[1])\nexcept LogReadError as e:\n print(e.code); print(e.message)")
         proc = subprocess.run([system_python, "-I", "-c", code, path, folder], capture_output=True, text=True,
                               timeout=60, **kwargs)
@@ -214,14 +217,14 @@ def test_read_log_rejects_startup_zero():
 def test_a_pipe_is_streamed_not_called_empty(tmp_path):
 
 
-    done = subprocess.run(["bash", "-c", "{} -m agent analyze <(cat {}) --json".format(sys.executable, SEED_LOG)],
+    done = subprocess.run(["bash", "-c", "{} -m kvforensics analyze <(cat {}) --json".format(sys.executable, SEED_LOG)],
                           capture_output=True, text=True, cwd=str(ROOT), timeout=120)
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["targets"][0]["startup"]["max_total_num_tokens"] == 159277
 
 
 def test_a_fifo_without_writer_is_an_error_not_a_hang(tmp_path, monkeypatch):
-    from collectors import logfile
+    from kvforensics.collectors import logfile
 
     monkeypatch.setattr(logfile, "FIFO_WAIT_S", 0.2)
     fifo = tmp_path / "fifo"
@@ -234,7 +237,7 @@ def test_a_fifo_without_writer_is_an_error_not_a_hang(tmp_path, monkeypatch):
 def test_a_truncated_gz_keeps_the_startups_before_the_cut(tmp_path):
 
 
-    from collectors import logfile
+    from kvforensics.collectors import logfile
 
     text = SEED_LOG.read_bytes()
     blob = gzip.compress(text * 3)
@@ -245,7 +248,7 @@ def test_a_truncated_gz_keeps_the_startups_before_the_cut(tmp_path):
 
 
 def test_a_symlink_loop_is_named(tmp_path):
-    from collectors import logfile
+    from kvforensics.collectors import logfile
 
     a, b = tmp_path / "a", tmp_path / "b"
     os.symlink(str(b), str(a))
@@ -257,7 +260,7 @@ def test_a_symlink_loop_is_named(tmp_path):
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le"])
 def test_utf16_logs_are_decoded(tmp_path, encoding):
-    from collectors import logfile
+    from kvforensics.collectors import logfile
 
     path = tmp_path / "win.log"
     path.write_bytes(SEED_LOG.read_text(encoding="utf-8").encode(encoding))
@@ -278,7 +281,7 @@ def test_memory_stays_flat_for_many_startups(tmp_path):
             f.write(one)
     # VmHWM: the child's own peak since exec (ru_maxrss also counts the test runner's pages it was forked from)
     code = ("import sys; sys.argv = ['kvforensics', 'analyze', {!r}, '--startup', '1', '--json'];"
-            "from agent.cli import main; rc = main(sys.argv[1:]);"
+            "from kvforensics.agent.cli import main; rc = main(sys.argv[1:]);"
             "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1];"
             "sys.stderr.write('RSS %s\\\\n' % hwm)").format(str(path))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=300)

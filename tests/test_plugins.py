@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Dict, Iterator, Set, Tuple
 
 import pytest
+from kvforensics.agent.plugin import ENGINES as MODELS
+from kvforensics.collectors.plugin import ENGINES as COLLECTORS
+from kvforensics.reports.plugin import VIEWS
 
-from agent.plugin import ENGINES as MODELS
-from collectors.plugin import ENGINES as COLLECTORS
-from reports.plugin import VIEWS
 from tests import toy_engine
 from tests.conftest import ROOT, run_cli
 
@@ -83,7 +83,7 @@ def _import_graph() -> Dict[str, Set[str]]:
     for layer in LAYERS:
         for path in (ROOT / layer).rglob("*.py"):
             rel = path.relative_to(ROOT).with_suffix("")
-            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+            name = ".".join(("kvforensics",) + (rel.parts[:-1] if rel.name == "__init__" else rel.parts))
             modules[name] = path
     graph: Dict[str, Set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
@@ -93,7 +93,7 @@ def _import_graph() -> Dict[str, Set[str]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets = [node.module] + ["{}.{}".format(node.module, a.name) for a in node.names]
-            # A package that holds the importer is imported before it: no edge (``from agent.cli import x``
+            # A package that holds the importer is imported before it: no edge (``from kvforensics.agent.cli import x``
             # inside agent/cli/ names its sibling, not its own package's __init__).
             graph[name] |= {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
     return graph

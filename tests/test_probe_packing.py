@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agent.remote import probe
-from collectors.probe import MARKER
+from kvforensics.agent.remote import probe
+from kvforensics.collectors.probe import MARKER
 
 
 def test_slim_keeps_every_line_and_the_code():

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from kvforensics.agent.remote import probe
+from kvforensics.agent.remote.shake import shake
+from kvforensics.collectors import nvml
 
-from agent.remote import probe
-from agent.remote.shake import shake
-from collectors import nvml
 from tests.fakenode import FAKE_LIB, ROOT, build_fake_nvml
 
 SCENARIO = """driver 580.95.05
@@ -35,7 +35,8 @@ DIRECTIVES = ["", "process_api v2", "process_api v1", "process_api cc", "memory_
 EDITS = {"lost GPU": ("gpu 1 ", "gpu 1 state=lost "),
          "refused fields": ("gpu 1 ", "gpu 1 memory=no_permission processes=no_permission ")}
 
-COLLECT = "import json, sys; from collectors import nvml; print(json.dumps(nvml.collect(sys.argv[1]), sort_keys=True))"
+COLLECT = ("import json, sys; from kvforensics.collectors import nvml; "
+           "print(json.dumps(nvml.collect(sys.argv[1]), sort_keys=True))")
 
 
 def _collect(pynvml_dir: Path, scenario: Path) -> dict:

@@ -162,7 +162,7 @@ def test_serving_lines_after_a_startup_show_it_finished(tmp_path):
 def test_vllm_010_multiproc_worker_prefix_is_a_worker(prefix, tag):
     """vLLM 0.10.x's V1 multiproc workers print "(VllmWorker TP0 pid=N)", a blank inside the name
     (entry 43): each is its own worker, not a record without a process."""
-    from collectors.vllm.log import parse_line, split_record
+    from kvforensics.collectors.vllm.log import parse_line, split_record
     line = prefix + "INFO 09-03 02:12:25 [gpu_worker.py:276] Available KV cache memory: 31.83 GiB"
     assert split_record(line)[1] == tag
     (ev,) = parse_line(line, 1)

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from kvforensics.agent.history import store as history
 
-from agent.history import store as history
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, GIB, FakeNode, build_fake_nvml
 from tests.loopback_http import serving
@@ -165,7 +165,7 @@ def test_kill_9_mid_record_leaves_textfile_and_database_whole(node, tmp_path):
     _record(db, prom)
     before = prom.read_text()
     env = dict(node.env(), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "record", "--db", str(db), "--prom-file", str(prom),
+    proc = subprocess.Popen([sys.executable, "-m", "kvforensics", "record", "--db", str(db), "--prom-file", str(prom),
                              "--nvml-lib", str(FAKE_LIB), "--no-http", "--samples", "200", "--interval", "0"],
                             env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
@@ -189,7 +189,8 @@ def test_kill_9_mid_record_leaves_textfile_and_database_whole(node, tmp_path):
 def test_two_records_at_once(node, tmp_path):
     db = tmp_path / "h.db"
     env = dict(node.env(), PYTHONPATH=str(ROOT))
-    first = subprocess.Popen([sys.executable, "-m", "agent", "record", "--db", str(db), "--nvml-lib", str(FAKE_LIB),
+    first = subprocess.Popen([sys.executable, "-m", "kvforensics", "record", "--db", str(db), "--nvml-lib",
+                              str(FAKE_LIB),
                               "--no-http", "--samples", "30", "--interval", "0.1"], env=env, cwd=str(ROOT),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock = Path(str(db) + ".lock")
@@ -257,7 +258,7 @@ def test_history_without_a_database(tmp_path):
 def test_clock_going_backwards_does_not_break_windows(node, tmp_path):
     db = tmp_path / "h.db"
     env = dict(node.env(), PYTHONPATH=str(ROOT))
-    base = [sys.executable, "-m", "agent", "record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http"]
+    base = [sys.executable, "-m", "kvforensics", "record", "--db", str(db), "--nvml-lib", str(FAKE_LIB), "--no-http"]
     for offset, free in (("+0d", 5.06), ("-3d", 3.5), ("+0d", 4.0)):  # the middle run sees a clock 3 days behind
         _set_free(node, [free] * 8)
         cmd = (["faketime", "-f", offset] if offset != "+0d" else []) + base
@@ -325,7 +326,7 @@ def test_watch_sparklines_share_one_scale():
     """4.20 GiB free never draws taller than 5.06 GiB: every GPU's sparkline is on the scale of all."""
     import collections
 
-    from reports import watch_view
+    from kvforensics.reports import watch_view
 
     looks = watch_view.Looks(free={0: collections.deque([int(5.06 * GIB)] * 4),
                                    1: collections.deque([int(4.20 * GIB)] * 4),
@@ -338,7 +339,8 @@ def test_watch_sparklines_share_one_scale():
 
 def test_watch_ctrl_c_leaves_cleanly(node):
     env = dict(node.env(), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "watch", "--interval", "0.2", "--nvml-lib", str(FAKE_LIB),
+    proc = subprocess.Popen([sys.executable, "-m", "kvforensics", "watch", "--interval", "0.2", "--nvml-lib",
+                             str(FAKE_LIB),
                              "--no-http", "--no-color"], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     # Ctrl-C once it shows its first screen: a fixed sleep raced start-up on a loaded machine
@@ -500,7 +502,7 @@ def test_a_clock_400_days_ahead_does_not_erase_the_history(node, tmp_path, monke
     db = tmp_path / "h.db"
     for _ in range(3):
         _record(db)
-    from agent.history import store as h
+    from kvforensics.agent.history import store as h
 
     jumped = time.time() + 400 * 86400
     monkeypatch.setattr(h.time, "time", lambda: jumped)
@@ -539,7 +541,7 @@ def test_a_read_only_history_is_one_clear_line(node, tmp_path):
 def test_a_killed_writers_temporary_is_removed_and_nothing_else(node, tmp_path):
     """Ours by exact name and header, and old enough: removed. A file in prometheus-client's PATH.<pid>.<n>
     shape (another program's), a temporary without our header, and a fresh one (a run still writing) stay."""
-    from reports.textfile import HEADER, STALE_TEMP_S, TEMP_MARK
+    from kvforensics.reports.textfile import HEADER, STALE_TEMP_S, TEMP_MARK
 
     prom = tmp_path / "k.prom"
     old = time.time() - STALE_TEMP_S - 60
@@ -564,7 +566,7 @@ def test_watch_in_a_real_terminal_redraws_and_leaves_on_ctrl_c(node, tmp_path):
     sock = str(tmp_path / "tmux.sock")
     env = dict(node.env(), PYTHONPATH=str(ROOT), COLUMNS="80")
     done_flag = tmp_path / "done"
-    command = "{} -m agent watch --interval 0.3 --no-http --nvml-lib {}; echo rc=$? > {}".format(
+    command = "{} -m kvforensics watch --interval 0.3 --no-http --nvml-lib {}; echo rc=$? > {}".format(
         sys.executable, FAKE_LIB, done_flag)
     subprocess.run(["tmux", "-S", sock, "new-session", "-d", "-x", "80", "-y", "30", command], env=env, check=True)
     try:
@@ -623,7 +625,7 @@ def test_watch_shows_the_engines_load_and_every_gpu_on_one_scale(tmp_path):
     build_fake_nvml()
     with FakeVllmNode(tmp_path / "node", tp=2, foreign={1: 2 * GIB}, metrics_text=WATCH_METRICS) as n:
         env = dict(n.env(), PYTHONPATH=str(ROOT), COLUMNS="80")
-        command = "{} -m agent watch --interval 0.3 --nvml-lib {}".format(sys.executable, FAKE_LIB)
+        command = "{} -m kvforensics watch --interval 0.3 --nvml-lib {}".format(sys.executable, FAKE_LIB)
 
         def seen(screens):
             return len([s for s in screens if "looks" in s and re.search(r"Worker_TP1 .* [▁-█]{3}", s)]) >= 2
@@ -651,7 +653,7 @@ def _on_a_small_disk(node, tmp_path, size: str, script: str):
     disk = tmp_path / "disk"
     disk.mkdir()
     flags = ["-m"] if os.geteuid() == 0 else ["-Urm"]
-    kvf = "{} -m agent record --nvml-lib {} --no-http".format(sys.executable, FAKE_LIB)
+    kvf = "{} -m kvforensics record --nvml-lib {} --no-http".format(sys.executable, FAKE_LIB)
     env = dict(node.env(), PYTHONPATH=str(ROOT), DISK=str(disk), KVF=kvf)
     body = 'mount -t tmpfs -o size={} none "$DISK" || exit 99\n{}'.format(size, script)
     done = subprocess.run(["unshare"] + flags + ["sh", "-c", body], env=env, stdout=subprocess.PIPE,

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
-from agent.history.store import GpuLowWater, RunStats
-from agent.model.reconcile import inspect_snapshot, with_history
-from agent.model.records import Options
+from kvforensics.agent.history.store import GpuLowWater, RunStats
+from kvforensics.agent.model.reconcile import inspect_snapshot, with_history
+from kvforensics.agent.model.records import Options
+
 from tests.conftest import ROOT
 
 GIB = 1 << 30

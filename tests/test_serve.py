@@ -16,13 +16,13 @@ import urllib.request
 from typing import Dict, List, Tuple
 
 import pytest
+from kvforensics.agent.history import serve as serving
+from kvforensics.agent.history import store as history
 
-from agent.history import serve as serving
-from agent.history import store as history
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
-# Hands the test's listening socket to `python -m agent serve` as fd 3 with LISTEN_FDS/LISTEN_PID, as
+# Hands the test's listening socket to `python -m kvforensics serve` as fd 3 with LISTEN_FDS/LISTEN_PID, as
 # systemd does for a .socket unit: the port is this test's from bind to exit, no window to lose it in.
 ACTIVATE = ("import os, sys; os.dup2(int(sys.argv[1]), 3); "
             "os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid())); "
@@ -73,7 +73,7 @@ def start_serve(env: Dict[str, str], *args: str) -> Served:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
-    argv = [sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "agent", "serve"] + list(args)
+    argv = [sys.executable, "-c", ACTIVATE, str(listener.fileno()), "-m", "kvforensics", "serve"] + list(args)
     proc = subprocess.Popen(argv, env=dict(env, PYTHONPATH=str(ROOT)), cwd=str(ROOT), pass_fds=(listener.fileno(),),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     served = Served(proc, "http://127.0.0.1:{}".format(listener.getsockname()[1]))
@@ -234,7 +234,7 @@ def test_sigterm_stops_it_cleanly(serve, tmp_path):
 
 def test_listen_binds_what_it_is_told_and_says_where(node, tmp_path):
     """--listen ADDR:0 takes a free port of the server's own and names it on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--listen", "127.0.0.1:0", "--db",
+    proc = subprocess.Popen([sys.executable, "-m", "kvforensics", "serve", "--listen", "127.0.0.1:0", "--db",
                              str(tmp_path / "h.db"), "--nvml-lib", str(FAKE_LIB), "--no-http"],
                             env=dict(node.env(), PYTHONPATH=str(ROOT)), cwd=str(ROOT), stderr=subprocess.PIPE,
                             text=True)
@@ -278,7 +278,7 @@ def test_an_address_in_use_is_a_usage_error(tmp_path):
     ("[::]:1", ("::", 1)), ("node-1.example:80", ("node-1.example", 80)),
 ])
 def test_listen_addresses(text, expected):
-    from agent.cli.serve_http import parse_listen
+    from kvforensics.agent.cli.serve_http import parse_listen
 
     assert parse_listen(text) == expected
 

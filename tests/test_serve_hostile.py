@@ -107,7 +107,7 @@ def test_a_client_gone_early_is_dropped_quietly(serve, tmp_path):  # noqa: F811
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) not installed")
 def test_the_listen_backlog_is_node_exporters(node, tmp_path):  # noqa: F811
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--listen", "127.0.0.1:0", "--db",
+    proc = subprocess.Popen([sys.executable, "-m", "kvforensics", "serve", "--listen", "127.0.0.1:0", "--db",
                              str(tmp_path / "h.db"), "--nvml-lib", str(FAKE_LIB), "--no-http"],
                             env=dict(node.env(), PYTHONPATH=str(ROOT)), cwd=str(ROOT), stderr=subprocess.PIPE,
                             text=True)
@@ -128,7 +128,7 @@ def test_the_listen_backlog_is_node_exporters(node, tmp_path):  # noqa: F811
 
 def test_a_sample_that_never_ends_blocks_neither_endpoint_and_sigterm_stops_it(node, tmp_path):  # noqa: F811
     """--log names a FIFO whose writer wrote a line and then holds it open: the first look never ends."""
-    from agent.history.serve import LATE_S
+    from kvforensics.agent.history.serve import LATE_S
 
     fifo = tmp_path / "engine.log"
     os.mkfifo(str(fifo))

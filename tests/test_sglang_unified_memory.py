@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from agent.model.records import Recommendation
-from agent.sglang import recommend
+from kvforensics.agent.model.records import Recommendation
+from kvforensics.agent.sglang import recommend
 
 GIB = 1 << 30
 

@@ -349,7 +349,7 @@ def test_fleet_summary_and_hosts_file(env, tmp_path):
 def test_each_host_is_schema_checked_once_and_analysed_once(env, monkeypatch):
     """A fleet's client pays per host: the probe's answer is checked against the snapshot schema where it
     arrives (parse_answer), then typed without a second walk; each snapshot is analysed once, as it arrives."""
-    from agent.model import evidence, reconcile
+    from kvforensics.agent.model import evidence, reconcile
 
     checked, analysed = [], []
     real_check, real_inspect = evidence.check, reconcile.inspect_snapshot
@@ -374,7 +374,7 @@ def test_each_host_is_schema_checked_once_and_analysed_once(env, monkeypatch):
 
 
 def test_probe_is_one_round_trip_and_reproducible():
-    from agent.remote import probe
+    from kvforensics.agent.remote import probe
 
     a, b = probe.build({"http": False}), probe.build({"http": False})
     assert a.script == b.script and a.code_sha256 == b.code_sha256
@@ -382,8 +382,8 @@ def test_probe_is_one_round_trip_and_reproducible():
 
 
 def test_probe_answer_checks():
-    from agent.remote import probe
-    from collectors.probe import MARKER, canonical
+    from kvforensics.agent.remote import probe
+    from kvforensics.collectors.probe import MARKER, canonical
 
     p = probe.build({})
     snap = {"schema": "kvforensics.snapshot/1", "x": 1, "nvml": {"status": "absent"}, "host_memory": {},
@@ -439,7 +439,7 @@ def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node
     import subprocess
     import tempfile
 
-    from agent.remote import probe
+    from kvforensics.agent.remote import probe
 
     if os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs root to start a probe as another user, and /usr/bin/python3")
@@ -466,8 +466,8 @@ def test_probe_as_a_non_root_user_reports_what_it_cannot_see(tmp_path, fake_node
     assert any(e["server"] and e["server"]["pid"] == fake_node.server_pid for e in snap["engines"]["engines"])
     problem = snap["engine_log"]["problems"][0]["message"]
     assert "not readable: run as its user or root" in problem
-    from agent.model.reconcile import inspect_snapshot
-    from agent.model.records import Options
+    from kvforensics.agent.model.reconcile import inspect_snapshot
+    from kvforensics.agent.model.records import Options
 
     insp = inspect_snapshot(snap, "ssh:test", Options())
     assert any(f.code == "engine_log_missing" for f in insp.findings)
@@ -500,8 +500,8 @@ def test_keys_from_a_real_ssh_agent(env, server, keys, tmp_path, monkeypatch):
 def test_probe_answer_without_a_snapshot_is_refused():
     import hashlib
 
-    from agent.remote import probe
-    from collectors.probe import MARKER, canonical
+    from kvforensics.agent.remote import probe
+    from kvforensics.collectors.probe import MARKER, canonical
 
     p = probe.build({})
     for snap in (None, [], {"schema": "something else"}):
@@ -514,7 +514,7 @@ def test_probe_answer_without_a_snapshot_is_refused():
 
 @pytest.mark.parametrize("target", ["node:99999", "node:0", "[::1]:70000", "host:abc"])
 def test_impossible_ports_are_refused(target):
-    from agent.remote import ssh
+    from kvforensics.agent.remote import ssh
 
     with pytest.raises(ssh.SshError) as exc:
         ssh.resolve(target, ssh.load_config(None))
@@ -532,7 +532,7 @@ def test_match_exec_is_refused_before_anything_runs_on_paramiko(tmp_path, monkey
 
 
 def test_proxycommand_is_refused_with_the_alternative(tmp_path):
-    from agent.remote import ssh
+    from kvforensics.agent.remote import ssh
 
     cfg = tmp_path / "cfg"
     cfg.write_text("Host gw\n  ProxyCommand nc %h %p\n")
@@ -544,7 +544,7 @@ def test_proxycommand_is_refused_with_the_alternative(tmp_path):
 def test_a_host_that_floods_stdout_is_cut_off_on_paramiko(env, tmp_path):
     """A remote python3 that prints without end: the client stops at the cap, on time, with a bounded
     buffer (this host's 'python3' is a stand-in that floods)."""
-    from agent.remote import ssh
+    from kvforensics.agent.remote import ssh
 
     old = ssh.MAX_STDOUT_BYTES
     ssh.MAX_STDOUT_BYTES = 1 << 20
@@ -631,7 +631,7 @@ def test_every_failed_target_is_said_in_one_line(env, server, keys, closed_ports
     assert code == 3, err
     lines = ["kvforensics: {}: {}: {}".format(*f) for f in failures]
     if fmt in ("terminal", "markdown"):
-        from reports.failures import short_reason
+        from kvforensics.reports.failures import short_reason
 
         # said once, on stderr, short (the table gives the status only); the whole message with -v
         short = ["kvforensics: {}: {}: {}".format(target, status, short_reason(status, "ssh." + status, message))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from kvforensics.agent.remote.targets import expand_targets
 
-from agent.remote.targets import expand_targets
 from tests.conftest import run_cli
 
 
@@ -28,7 +28,7 @@ def test_bad_ranges_are_one_line_usage_errors(bad):
 
 def test_an_unexpanded_brace_never_reaches_the_resolver():
     """From cron or /bin/sh the braces arrive as typed: expanded here, never an idna UnicodeError."""
-    from agent.remote import ssh
+    from kvforensics.agent.remote import ssh
 
     with pytest.raises(ssh.SshError) as exc:
         ssh.resolve("gpu-{01..03}x,y", ssh.load_config(None))

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-from collectors.trtllm import configs
+from kvforensics.collectors.trtllm import configs
 
 YAML = """\
 # trtllm-serve --extra_llm_api_options

@@ -5,9 +5,8 @@ spawned workers)."""
 from __future__ import annotations
 
 import pytest
-
-from collectors import engines
-from collectors.trtllm import processes
+from kvforensics.collectors import engines
+from kvforensics.collectors.trtllm import processes
 
 
 @pytest.mark.parametrize("argv,role,launch", [

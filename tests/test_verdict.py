@@ -192,7 +192,7 @@ CORPUS = sorted(INPUTS.iterdir()) + sorted((FIXTURES / "real_sglang").glob("*.lo
 def test_every_proof_and_action_fits_the_verdict_at_80_columns():
     """Two lines beside the 10-column label, cut only between clauses or words, never inside a figure; the
     whole text is in the findings and recommendations."""
-    from agent.model.verdict import fits
+    from kvforensics.agent.model.verdict import fits
 
     for path in CORPUS:
         verb = ["inspect", "--from"] if path.name.startswith("snap-") or path.suffix == ".json" else ["analyze"]
@@ -206,7 +206,7 @@ def test_every_proof_and_action_fits_the_verdict_at_80_columns():
 
 
 def test_fit_keeps_whole_clauses_and_cuts_a_long_one_at_a_word():
-    from agent.model.verdict import fit, fits
+    from kvforensics.agent.model.verdict import fit, fits
 
     short = "1.00 GiB free; 2.00 GiB margin"
     assert fit(short) == short

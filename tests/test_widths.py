@@ -26,10 +26,10 @@ EDGE = "│┃ "
 
 
 def _analysis(log, config=None):
-    from agent.model.analyze import analyze_startup
-    from agent.model.records import Options
-    from collectors.logfile import read_log
-    from collectors.model_config import load_model_config
+    from kvforensics.agent.model.analyze import analyze_startup
+    from kvforensics.agent.model.records import Options
+    from kvforensics.collectors.logfile import read_log
+    from kvforensics.collectors.model_config import load_model_config
 
     opts = Options(model_config=load_model_config(str(config)) if config else None)
     excerpt = read_log(str(log), -1)
@@ -37,27 +37,27 @@ def _analysis(log, config=None):
 
 
 def _inspection(bundle, target=None):
-    from agent.model.reconcile import inspect_snapshot
-    from agent.model.records import Options
-    from agent.remote import bundles
+    from kvforensics.agent.model.reconcile import inspect_snapshot
+    from kvforensics.agent.model.records import Options
+    from kvforensics.agent.remote import bundles
 
     return inspect_snapshot(bundles.load(str(bundle)), target or "bundle:" + bundle.name, Options())
 
 
 def analyze_complete(width, color):
-    from reports import terminal
+    from kvforensics.reports import terminal
 
     return terminal.render([_analysis(SEED_LOG, SEED_CONFIG)], color, width)
 
 
 def analyze_fragment(width, color):
-    from reports import terminal
+    from kvforensics.reports import terminal
 
     return terminal.render([_analysis(INPUTS / "log-71806c9814120be0.startup-1.log")], color, width)
 
 
 def analyze_failed(width, color):
-    from reports import terminal
+    from kvforensics.reports import terminal
 
     failed = [_analysis(INPUTS / name) for name in ("log-150aa9b4949e7c8e.startup-1.log",
                                                     "log-0da4e6acbf4187a1.startup-1.log")]
@@ -65,14 +65,14 @@ def analyze_failed(width, color):
 
 
 def inspect_seed(width, color):
-    from reports import terminal
+    from kvforensics.reports import terminal
 
     return terminal.render_inspections([_inspection(ROOT / "examples" / "seed-node.json")], color, width)
 
 
 def inspect_troubled_nodes(width, color):
     """A lost GPU, memory held by a dead PID, foreign processes: GPUs that do not collapse."""
-    from reports import terminal
+    from kvforensics.reports import terminal
 
     nodes = [_inspection(INPUTS / name) for name in ("snap-26058c2deed84b44.bundle.json",
                                                      "snap-63dee743c452eb36.bundle.json",
@@ -81,8 +81,8 @@ def inspect_troubled_nodes(width, color):
 
 
 def fleet(width, color):
-    from agent.model.live import TargetFailure
-    from reports import terminal
+    from kvforensics.agent.model.live import TargetFailure
+    from kvforensics.reports import terminal
 
     seed = ROOT / "examples" / "seed-node.json"
     results = [
@@ -98,8 +98,8 @@ def fleet(width, color):
 
 
 def history(width, color):
-    from agent.history import store as h
-    from reports import history_report
+    from kvforensics.agent.history import store as h
+    from kvforensics.reports import history_report
 
     path = str(_HISTORY["dir"] / "h.db")
     opened = h.open_db(path)
@@ -122,7 +122,7 @@ def history(width, color):
 
 def analyze_short(width, color):
     """The default report: the answer on one screen."""
-    from reports import terminal
+    from kvforensics.reports import terminal
 
     analyses = [_analysis(SEED_LOG, SEED_CONFIG), _analysis(INPUTS / "log-71806c9814120be0.startup-1.log"),
                 _analysis(INPUTS / "log-150aa9b4949e7c8e.startup-1.log")]
@@ -130,7 +130,7 @@ def analyze_short(width, color):
 
 
 def inspect_short(width, color):
-    from reports import terminal
+    from kvforensics.reports import terminal
 
     nodes = [_inspection(ROOT / "examples" / "seed-node.json"), _inspection(ROOT / "examples" / "vllm-node.json"),
              _inspection(INPUTS / "snap-26058c2deed84b44.bundle.json")]
@@ -210,11 +210,11 @@ def test_identical_gpus_are_one_row_and_names_do_not_wrap():
 
 
 def test_every_golden_input_verdict_fits_11_lines_at_80_columns_its_cause_uncut():
-    from agent.model.reconcile import inspect_snapshot
-    from agent.model.records import Options
-    from agent.remote import bundles
-    from collectors.logfile import LogReadError
-    from reports import terminal
+    from kvforensics.agent.model.reconcile import inspect_snapshot
+    from kvforensics.agent.model.records import Options
+    from kvforensics.agent.remote import bundles
+    from kvforensics.collectors.logfile import LogReadError
+    from kvforensics.reports import terminal
 
     for path in sorted(INPUTS.iterdir()):
         for detail in (True, False):  # the full report's verdict, and the one-screen report's (its memory row)

@@ -11,14 +11,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from agent.model.records import Finding, Options, Problem
-from agent.plugin import ENGINES as MODELS
-from agent.plugin import EngineModel, LoadMetrics
-from collectors import lineformat
-from collectors.events import EngineStartup, LogEvent, segment
-from collectors.plugin import ENGINES as COLLECTORS
-from collectors.plugin import EngineCollectors
-from reports.plugin import VIEWS, EngineView
+from kvforensics.agent.model.records import Finding, Options, Problem
+from kvforensics.agent.plugin import ENGINES as MODELS
+from kvforensics.agent.plugin import EngineModel, LoadMetrics
+from kvforensics.collectors import lineformat
+from kvforensics.collectors.events import EngineStartup, LogEvent, segment
+from kvforensics.collectors.plugin import ENGINES as COLLECTORS
+from kvforensics.collectors.plugin import EngineCollectors
+from kvforensics.reports.plugin import VIEWS, EngineView
 
 NAME = "toyllm"
 GIB = 1 << 30
@@ -189,13 +189,13 @@ MODEL = EngineModel(
 
 
 def render_terminal(c: Any, a: ToyAnalysis) -> None:
-    from reports.terminal import gib_cell, say
+    from kvforensics.reports.terminal import gib_cell, say
 
     say(c, "ToyLLM: KV cache {} GiB of a {} GiB budget".format(gib_cell(a.kv_bytes), gib_cell(a.budget_bytes)))
 
 
 def json_target(a: ToyAnalysis) -> Dict[str, Any]:
-    from reports.json_report import finding_dict, verdict_dict
+    from kvforensics.reports.json_report import finding_dict, verdict_dict
 
     return {"target": a.target, "status": a.status, "problems": [],
             "engine": {"name": NAME, "version_hint": a.era.hint, "version_clues": [], "server_args": {}},
@@ -205,7 +205,7 @@ def json_target(a: ToyAnalysis) -> Dict[str, Any]:
 
 
 def brief(a: ToyAnalysis) -> List[str]:
-    from reports.terminal import gib_cell
+    from kvforensics.reports.terminal import gib_cell
 
     return ["ToyLLM {} · KV cache {} GiB · budget {} GiB".format(a.era.hint, gib_cell(a.kv_bytes),
                                                                 gib_cell(a.budget_bytes))]

@@ -23,9 +23,9 @@ import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
-from agent.cli import exitcodes, fastparse
-from agent.cli.options import UsageProblem
-from agent.cli.params import ExitStatus, Option, declared
+from kvforensics.agent.cli import exitcodes, fastparse
+from kvforensics.agent.cli.options import UsageProblem
+from kvforensics.agent.cli.params import ExitStatus, Option, declared
 
 if TYPE_CHECKING:
     import typer
@@ -84,7 +84,7 @@ def _group(
 def command_function(name: str) -> Callable[..., Any]:
     """The function that runs the command of that name (its module imported now)."""
     module, func = next(where for n, where, _ in COMMANDS if n == name).split(":")
-    return getattr(importlib.import_module("agent.cli." + module), func)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module("kvforensics.agent.cli." + module), func)  # type: ignore[no-any-return]
 
 
 def typed(func: Callable[..., Any], call: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-from agent.cli.options import (
+from kvforensics.agent.cli.options import (
     FAIL_ON,
     MARGIN_GIB,
     REQUEST_TOKENS,
@@ -26,7 +26,7 @@ from agent.cli.options import (
     terminal_width,
     use_color,
 )
-from agent.cli.params import Argument, Option
+from kvforensics.agent.cli.params import Argument, Option
 
 
 def analyze(
@@ -51,10 +51,10 @@ def analyze(
     """Explain an inference server's GPU memory from its startup log, offline."""
     from dataclasses import replace
 
-    from agent.model.analyze import analyze_startup
-    from collectors.logfile import LogReadError, read_log
-    from collectors.model_config import ModelConfigError, load_model_config
-    from reports import json_report
+    from kvforensics.agent.model.analyze import analyze_startup
+    from kvforensics.collectors.logfile import LogReadError, read_log
+    from kvforensics.collectors.model_config import ModelConfigError, load_model_config
+    from kvforensics.reports import json_report
 
     level = fail_level(fail_on)
     fmt = report_format(fmt, as_json)
@@ -75,15 +75,15 @@ def analyze(
     if fmt == "json":
         sys.stdout.write(json_report.render([analysis]))
     elif fmt == "oneline":
-        from reports import oneline
+        from kvforensics.reports import oneline
 
         sys.stdout.write(oneline.render_analyses([analysis]))
     elif fmt == "markdown":
-        from reports import markdown
+        from kvforensics.reports import markdown
 
         sys.stdout.write(markdown.render([analysis], detail=detail))
     else:
-        from reports import terminal
+        from kvforensics.reports import terminal
 
         sys.stdout.write(terminal.render([analysis], color=use_color(color), width=terminal_width(), detail=detail))
     exit_for_findings(level, list(analysis.findings))
@@ -92,7 +92,7 @@ def analyze(
 def _not_our_json(log: str) -> None:
     """kvforensics' own JSON (a bundle from --save, a snapshot, a probe's answer) is not an engine's log, even where
     it carries a log's lines: LogReadError naming what it is and where it belongs (``inspect --from``)."""
-    from collectors.logfile import LogReadError
+    from kvforensics.collectors.logfile import LogReadError
 
     if log == "-":
         return
@@ -113,7 +113,7 @@ def _no_engine(log: str, exc: Exception, engine_kind: str) -> str:
     the reader's own message."""
     if getattr(exc, "code", "") != "no_startup" or engine_kind != "auto":
         return ""
-    from collectors.plugin import ENGINES
+    from kvforensics.collectors.plugin import ENGINES
 
     looked = "; ".join("{}: {}".format(e.display, e.no_startup_hint) for e in ENGINES.all())
     return "{}: no startup lines of any engine found (looked for {})".format(log, looked)

@@ -6,8 +6,8 @@ import os
 import sys
 from typing import Annotated, Optional
 
-from agent.cli.options import UsageProblem
-from agent.cli.params import Argument, Option
+from kvforensics.agent.cli.options import UsageProblem
+from kvforensics.agent.cli.params import Argument, Option
 
 
 def deploy_files(
@@ -29,9 +29,9 @@ def deploy_files(
 ) -> None:
     """Write the cron line, systemd units, alert rules and their promtool tests, with this host's paths, the
     Kubernetes DaemonSet of serve (kubernetes/) and the Grafana dashboard (grafana/)."""
-    from agent.cli import deploy_files as df
-    from agent.cli import deploy_values as dv
-    from agent.cli import trusted_paths as tp
+    from kvforensics.agent.cli import deploy_files as df
+    from kvforensics.agent.cli import deploy_values as dv
+    from kvforensics.agent.cli import trusted_paths as tp
 
     if (folder is None) == (not show):
         raise UsageProblem("name a folder to write the files into, or --print them")
@@ -72,7 +72,7 @@ def schema(
     """Print a published JSON Schema: report (kvforensics.report/1), snapshot or history."""
     import json
 
-    from agent.model import evidence
+    from kvforensics.agent.model import evidence
 
     if name not in ("report", "snapshot", "history"):
         raise UsageProblem("schema NAME is report, snapshot or history")

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from agent.cli import deploy_values as dv
-from agent.cli import trusted_paths as tp
-from collectors import procfs
+from kvforensics.agent.cli import deploy_values as dv
+from kvforensics.agent.cli import trusted_paths as tp
+from kvforensics.collectors import procfs
 
 FILES = ("kvforensics.cron", "kvforensics-record.service", "kvforensics-record.timer", "kvforensics.rules.yml",
          "kvforensics.rules.test.yml")

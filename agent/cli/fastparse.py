@@ -19,7 +19,7 @@ import re
 import typing
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from agent.cli.params import Param, declared
+from kvforensics.agent.cli.params import Param, declared
 
 __all__ = ["FLOAT_TEXT", "INT_TEXT", "parse"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-from agent.cli.options import Color, Db, UsageProblem, terminal_width, use_color
-from agent.cli.params import Option
+from kvforensics.agent.cli.options import Color, Db, UsageProblem, terminal_width, use_color
+from kvforensics.agent.cli.params import Option
 
 
 def history_cmd(
@@ -19,8 +19,8 @@ def history_cmd(
     import sqlite3
     import time
 
-    from agent.history import store as history
-    from reports import history_report
+    from kvforensics.agent.history import store as history
+    from kvforensics.reports import history_report
 
     try:
         window = history.parse_duration(since)
@@ -40,7 +40,7 @@ def history_cmd(
     finally:
         opened.conn.close()
     if as_json:
-        from reports.json_report import dumps
+        from kvforensics.reports.json_report import dumps
 
         sys.stdout.write(dumps(history_report.to_json(path, since, runs)))
     else:

@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Optional, Tuple
 
-import agent.cli.exitcodes as exitcodes
-from agent.cli.options import (
+import kvforensics.agent.cli.exitcodes as exitcodes
+from kvforensics.agent.cli.options import (
     FAIL_ON,
     MARGIN_GIB,
     REQUEST_TOKENS,
@@ -40,14 +40,14 @@ from agent.cli.options import (
     terminal_width,
     use_color,
 )
-from agent.cli.params import Argument, ExitStatus, Option
-from agent.model.evidence import Collected
-from agent.model.live import Inspection, TargetFailure, TargetResult
+from kvforensics.agent.cli.params import Argument, ExitStatus, Option
+from kvforensics.agent.model.evidence import Collected
+from kvforensics.agent.model.live import Inspection, TargetFailure, TargetResult
 
 if TYPE_CHECKING:
-    from agent.history.store import RunStats
-    from agent.model.records import Options
-    from agent.remote.fleet import HostResult
+    from kvforensics.agent.history.store import RunStats
+    from kvforensics.agent.model.records import Options
+    from kvforensics.agent.remote.fleet import HostResult
 
 LOCAL_NAMES = ("local", "localhost")
 
@@ -212,7 +212,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:
     """The hosts named as arguments, then those in --hosts-file, with host ranges expanded."""
-    from agent.remote.targets import expand_targets, read_hosts_file, split_target
+    from kvforensics.agent.remote.targets import expand_targets, read_hosts_file, split_target
 
     names = list(targets or [])
     if hosts_file:
@@ -233,13 +233,13 @@ def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> Li
 
 
 def _names_a_pod(engine: str) -> bool:
-    from collectors.selection import parse
+    from kvforensics.collectors.selection import parse
 
     return parse(engine).pod is not None
 
 
 def _check_pod(name: str) -> None:
-    from agent.remote.kubectl import parse_target
+    from kvforensics.agent.remote.kubectl import parse_target
 
     parse_target(name)  # ValueError: a usage problem
 
@@ -247,7 +247,7 @@ def _check_pod(name: str) -> None:
 def _check_context(context: Optional[str]) -> None:
     if context is None:  # nothing to check: kubectl's module (and the probe it ships) is not loaded
         return
-    from agent.remote.kubectl import check_context
+    from kvforensics.agent.remote.kubectl import check_context
 
     try:
         check_context(context)
@@ -267,7 +267,7 @@ def _collect(settings: InspectSettings, early: Early) -> List[Entry]:
 
 
 def _load_bundle(path: str) -> Entry:
-    from agent.remote import bundles
+    from kvforensics.agent.remote import bundles
 
     try:
         return ("bundle:{}".format(path), bundles.load(path), None)
@@ -277,7 +277,7 @@ def _load_bundle(path: str) -> Entry:
 
 def _save_bundle(path: str, entries: List[Entry]) -> None:
     """--save: the first snapshot collected (validation allows one target), if any was."""
-    from agent.remote import bundles
+    from kvforensics.agent.remote import bundles
 
     snaps = [snap for _, snap, _ in entries if snap is not None]
     if snaps:
@@ -289,7 +289,7 @@ def _save_bundle(path: str, entries: List[Entry]) -> None:
 
 def _collect_targets(names: List[str], settings: InspectSettings, early: Early) -> List[Entry]:
     """Remote hosts first, all at once over SSH; then this machine where it is named; entries in the order named."""
-    from collectors import snapshot
+    from kvforensics.collectors import snapshot
 
     remote = [t for t in names if t not in LOCAL_NAMES and not t.startswith("k8s:")]
     pods = [t for t in names if t.startswith("k8s:")]
@@ -310,12 +310,13 @@ def _collect_remote(remote: List[str], settings: InspectSettings, early: Early) 
     """Each remote host's entries (one per time it is named), with a progress bar on a terminal. Each
     snapshot is analysed as it arrives (into ``early``): the client's CPU works while the other hosts run
     their probes, instead of analysing every host in one serial tail after the last one answered."""
-    from agent.remote import fleet  # the transport's module only for remote hosts (paramiko: ~150 ms, ~18 MB)
+    # the transport's module only for remote hosts (paramiko: ~150 ms, ~18 MB)
+    from kvforensics.agent.remote import fleet
 
     fleet_options = fleet.FleetOptions(settings.probe_options(), settings.ssh_config, settings.accept_new_host_keys,
                                        settings.parallel, settings.timeout, settings.identity, settings.transport,
                                        settings.multiplex)
-    from agent.remote.outcome import SshError
+    from kvforensics.agent.remote.outcome import SshError
 
     progress, stop = fleet.progress_printer(len(remote))
     _warm_up(settings.fmt)
@@ -339,7 +340,7 @@ def _collect_remote(remote: List[str], settings: InspectSettings, early: Early) 
 
 def _collect_pods(pods: List[str], settings: InspectSettings) -> Dict[str, List[Entry]]:
     """Each pod's entries (one per time it is named), through kubectl exec and kubectl logs."""
-    from agent.remote import kubectl
+    from kvforensics.agent.remote import kubectl
 
     by_name: Dict[str, List[Entry]] = {}
     for r in kubectl.run(pods, settings.context, settings.probe_options(), settings.timeout, settings.parallel):
@@ -380,12 +381,14 @@ def _warm_up(fmt: str) -> None:
     import importlib
     import threading
 
-    names = ["agent.model.evidence", "jsonschema", "agent.model.reconcile", "agent.model.rulebook",
-             "agent.model.verdict", "reports.json_report" if fmt == "json" else "reports.terminal"]
+    names = ["kvforensics.agent.model.evidence", "jsonschema", "kvforensics.agent.model.reconcile",
+             "kvforensics.agent.model.rulebook",
+             "kvforensics.agent.model.verdict",
+             "kvforensics.reports.json_report" if fmt == "json" else "kvforensics.reports.terminal"]
 
     def load() -> None:
-        from agent.model import evidence
-        from agent.plugin import ENGINES
+        from kvforensics.agent.model import evidence
+        from kvforensics.agent.plugin import ENGINES
 
         evidence._validator("snapshot")  # built on first use (the schema read, its validator made): now
         for name in names:
@@ -400,8 +403,8 @@ def _warm_up(fmt: str) -> None:
 def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Result:
     """One target's inspection. A remote host's snapshot that breaks the schema, or breaks the
     analysis, costs that host alone: it becomes an ``error`` target and the others stand."""
-    from agent.model.evidence import EvidenceError
-    from agent.model.reconcile import inspect_snapshot
+    from kvforensics.agent.model.evidence import EvidenceError
+    from kvforensics.agent.model.reconcile import inspect_snapshot
 
     try:
         snap, recorded = _local_history(settings, target, snap)
@@ -421,8 +424,8 @@ def _local_history(settings: InspectSettings, target: str,
     the startup its engine run's log no longer holds, as record kept it, and the run's recorded samples."""
     if not target.startswith("local:"):
         return snap, None
-    from agent.history import store as history_mod
-    from agent.history.record import local_history
+    from kvforensics.agent.history import store as history_mod
+    from kvforensics.agent.history.record import local_history
 
     return local_history(settings.db or history_mod.default_path(), snap)
 
@@ -432,28 +435,28 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
     full with --detail (several targets: each in full with --detail); then, on stderr, the targets
     that failed or gave nothing."""
     if settings.sort is not None:  # the terminal renderer's module: JSON without --sort does not load it
-        from reports.terminal import sort_results
+        from kvforensics.reports.terminal import sort_results
 
         results = sort_results(results, settings.sort)
     inspections = _inspections(results)
     shown = inspections if settings.detail or len(results) == 1 else []  # one host: its report, short or full
     if settings.fmt == "oneline":
-        from reports.terminal import render_oneline
+        from kvforensics.reports.terminal import render_oneline
 
         sys.stdout.write(render_oneline(results))
     elif settings.fmt == "json":
-        from reports import json_report
+        from kvforensics.reports import json_report
 
         sys.stdout.write(json_report.render_results(results))
     elif settings.fmt == "markdown":
-        from reports import markdown
+        from kvforensics.reports import markdown
 
         if len(results) > 1:
             sys.stdout.write(markdown.render_fleet(results) + ("\n" if shown else ""))
         if shown:
             sys.stdout.write(markdown.render_inspections(shown, detail=settings.detail))
     else:
-        from reports import terminal
+        from kvforensics.reports import terminal
 
         width = terminal_width()
         if len(results) > 1:
@@ -472,7 +475,7 @@ def _say_failures(results: List[Result], detail: bool) -> None:
     """One line on stderr per target that could not be collected, said once (the fleet table gives its status
     only): short, with the one thing to do (reports/failures.py); the whole message with -v. JSON and oneline
     carry the whole message in their own rows."""
-    from reports.failures import short_reason
+    from kvforensics.reports.failures import short_reason
 
     for r in results:
         if isinstance(r, TargetFailure):

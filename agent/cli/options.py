@@ -16,11 +16,11 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Annotated, List, Optional
 
-import agent.cli.exitcodes as exitcodes
-from agent.cli.params import ExitStatus, Option
+import kvforensics.agent.cli.exitcodes as exitcodes
+from kvforensics.agent.cli.params import ExitStatus, Option
 
 if TYPE_CHECKING:
-    from agent.model.records import Options
+    from kvforensics.agent.model.records import Options
 
 SEVERITY_CHOICES = ("info", "warning", "error", "critical", "never")
 
@@ -90,7 +90,7 @@ def _engine_selector(value: Optional[str]) -> Optional[str]:
     """--engine, checked as it is parsed (inspect, record and serve share it): a value that can name no server
     would only select nothing, far from the typo."""
     if value is not None:
-        from collectors.selection import SelectorError, parse
+        from kvforensics.collectors.selection import SelectorError, parse
 
         try:
             parse(value)
@@ -144,7 +144,7 @@ def report_format(fmt: Optional[str], as_json: bool) -> str:
 
 def fail_level(fail_on: str) -> Optional[int]:
     """--fail-on, checked, as a severity rank (None: never fail on findings)."""
-    from agent.model.records import severity_rank
+    from kvforensics.agent.model.records import severity_rank
 
     if fail_on not in SEVERITY_CHOICES:
         raise UsageProblem("--fail-on must be one of {}".format(", ".join(SEVERITY_CHOICES)))
@@ -169,7 +169,7 @@ def parse_size(text: str, option: str) -> int:
 
 def analysis_options(margin: str, request_tokens: int) -> "Options":
     """--margin and --request-tokens, checked, as analysis Options."""
-    from agent.model.records import Options
+    from kvforensics.agent.model.records import Options
 
     margin_bytes = parse_size(margin, "--margin")
     if not 0 < request_tokens <= 10**9:
@@ -180,7 +180,7 @@ def analysis_options(margin: str, request_tokens: int) -> "Options":
 def check_log_spec(log: Optional[str]) -> None:
     """--log: PATH, journal:UNIT, docker:NAME, podman:NAME or k8s:NAMESPACE/POD[/CONTAINER], checked here
     before anything is collected."""
-    from collectors.engine_logs import LogSpecError, parse_spec
+    from kvforensics.collectors.engine_logs import LogSpecError, parse_spec
 
     if log is not None:
         try:
@@ -191,7 +191,7 @@ def check_log_spec(log: Optional[str]) -> None:
 
 def findings_exit_code(level: Optional[int], findings: "List[object]") -> int:
     """1 when a finding is at least as severe as --fail-on, else 0."""
-    from agent.model.records import severity_rank
+    from kvforensics.agent.model.records import severity_rank
 
     if level is not None and any(severity_rank(f.severity) >= level for f in findings):  # type: ignore[attr-defined]
         return exitcodes.EXIT_FINDINGS

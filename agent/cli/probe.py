@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-from agent.cli.options import UsageProblem
-from agent.cli.params import Option
+from kvforensics.agent.cli.options import UsageProblem
+from kvforensics.agent.cli.params import Option
 
 
 def probe(
     output: Annotated[str, Option("--output", "-o", help="Where to write the probe script.")],
 ) -> None:
     """Write the probe script that `inspect HOST` sends on stdin to `python3 -I -`, for review or a manual run."""
-    from agent.remote import probe as probe_mod
+    from kvforensics.agent.remote import probe as probe_mod
 
     try:
         sha, size = probe_mod.write(output)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
-import agent.cli.exitcodes as exitcodes
-from agent.cli.options import (
+import kvforensics.agent.cli.exitcodes as exitcodes
+from kvforensics.agent.cli.options import (
     GONE_AFTER,
     KEEP,
     MARGIN_GIB,
@@ -26,10 +26,10 @@ from agent.cli.options import (
     analysis_options,
     check_log_spec,
 )
-from agent.cli.params import ExitStatus, Option
+from kvforensics.agent.cli.params import ExitStatus, Option
 
 if TYPE_CHECKING:
-    from agent.history.record import RecordResult
+    from kvforensics.agent.history.record import RecordResult
 
 
 def record(
@@ -58,9 +58,9 @@ def record(
 ) -> None:
     """Sample this node into the history (low-water marks) and export Prometheus metrics. For cron/systemd.
     Every engine on the node is recorded (--engine: those it names)."""
-    from agent.history import record as record_mod
-    from agent.history import store as history
-    from reports import textfile
+    from kvforensics.agent.history import record as record_mod
+    from kvforensics.agent.history import store as history
+    from kvforensics.reports import textfile
 
     if not 1 <= samples <= 10000 or not 0 <= interval <= 86400:  # also NaN and infinity
         raise UsageProblem("--samples must be 1–10000 and --interval 0–86400 seconds")
@@ -133,7 +133,7 @@ def _say_runs(result: "RecordResult", path: str, prom_file: Optional[str]) -> No
 
 def keep_seconds(keep: Optional[str]) -> Optional[float]:
     """--keep, checked: seconds, or None for 'forever' (and an empty value)."""
-    from agent.history import store as history
+    from kvforensics.agent.history import store as history
 
     if not keep or keep == "forever":
         return None
@@ -145,7 +145,7 @@ def keep_seconds(keep: Optional[str]) -> Optional[float]:
 
 def gone_seconds(gone_after: str, keep_s: Optional[float]) -> float:
     """--gone-after, checked: seconds, no longer than --keep (the history forgets a run then)."""
-    from agent.history import store as history
+    from kvforensics.agent.history import store as history
 
     try:
         gone_s = history.parse_duration(gone_after)
@@ -167,8 +167,8 @@ def collector(nvml_lib: Optional[str], log: Optional[str], model_config: Optiona
               engine: Optional[str]) -> Callable[[], List[Dict[str, Any]]]:
     """One look at this node per call: a snapshot per engine (--engine: that one), with the collection
     options of record and serve (made here: typed without a schema check, evidence.Collected)."""
-    from agent.model.evidence import Collected
-    from collectors import snapshot
+    from kvforensics.agent.model.evidence import Collected
+    from kvforensics.collectors import snapshot
 
     def collect() -> List[Dict[str, Any]]:
         return [Collected(snap) for snap in snapshot.collect_each(nvml_lib=nvml_lib, log=log,
@@ -187,7 +187,7 @@ def node_series_for(flag: Optional[bool], engine: Optional[str]) -> bool:
 def metrics_registry(result: "RecordResult", node: bool = True):  # type: ignore[no-untyped-def]
     """The Prometheus registry of one record result: the textfile's and serve's, so both export the same
     series with the same values for the same node."""
-    from reports import prometheus
+    from kvforensics.reports import prometheus
 
     engines = tuple(prometheus.EngineSeries(inspection=e.inspection, low_water={lw.gpu: lw for lw in e.stats.gpus},
                                             run_min=e.run_min, samples=e.stats.samples) for e in result.engines)
@@ -211,7 +211,7 @@ def _check_folder(path: str, create: bool) -> None:
 def _claim_textfile(path: str) -> None:
     """Only our own textfile is replaced (reports/textfile.py): anything else at --prom-file is refused before
     sampling, exit 2, untouched."""
-    from reports import textfile
+    from kvforensics.reports import textfile
 
     try:
         textfile.claim(path)
@@ -221,7 +221,7 @@ def _claim_textfile(path: str) -> None:
 
 def _textfile_problem(path: str, exc: Exception) -> UsageProblem:
     """--prom-file's one line: a refusal says the path itself; an OSError is the system's words."""
-    from reports import textfile
+    from kvforensics.reports import textfile
 
     if isinstance(exc, textfile.Refused):
         return UsageProblem("--prom-file {}".format(exc))

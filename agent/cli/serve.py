@@ -7,7 +7,7 @@ import sys
 import threading
 from typing import Annotated
 
-from agent.cli.options import (
+from kvforensics.agent.cli.options import (
     GONE_AFTER,
     KEEP,
     MARGIN_GIB,
@@ -27,7 +27,7 @@ from agent.cli.options import (
     analysis_options,
     check_log_spec,
 )
-from agent.cli.params import Option
+from kvforensics.agent.cli.params import Option
 
 DEFAULT_LISTEN = "127.0.0.1:9842"
 MAX_INTERVAL_S = 86400.0
@@ -53,10 +53,10 @@ def serve(
     gone_after: GoneAfter = GONE_AFTER,
 ) -> None:
     """Serve /metrics (the metrics record writes, sampled on scrape into the same history) and /healthz."""
-    from agent.cli import record as record_cli
-    from agent.cli import serve_http
-    from agent.history import serve as serving
-    from agent.history import store as history
+    from kvforensics.agent.cli import record as record_cli
+    from kvforensics.agent.cli import serve_http
+    from kvforensics.agent.history import serve as serving
+    from kvforensics.agent.history import store as history
 
     interval_s = _interval(min_interval)
     keep_s = record_cli.keep_seconds(keep)
@@ -89,7 +89,7 @@ def serve(
 
 def _interval(text: str) -> float:
     """--min-interval: a duration (15s, 1m) or plain seconds, 0 included."""
-    from agent.history import store as history
+    from kvforensics.agent.history import store as history
 
     try:
         value = float(text)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
-from agent.history.serve import Sampler
+from kvforensics.agent.history.serve import Sampler
 
 SD_LISTEN_FDS_START = 3  # systemd's socket activation passes the first socket as file descriptor 3
 LISTEN_BACKLOG = 4096  # node_exporter's (Go's listen backlog: the kernel's somaxconn)

@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from agent.history import fresh_file
+from kvforensics.agent.history import fresh_file
 
 # Links followed while walking one path: the kernel's own limit (MAXSYMLINKS).
 MAX_LINKS = 40

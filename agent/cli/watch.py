@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-from agent.cli.options import Color, Http, NvmlLibHere, UsageProblem, use_color
-from agent.cli.params import Option
+from kvforensics.agent.cli.options import Color, Http, NvmlLibHere, UsageProblem, use_color
+from kvforensics.agent.cli.params import Option
 
 
 def watch(
@@ -18,7 +18,7 @@ def watch(
 ) -> None:
     """Live view: the engine's running and waiting requests and KV-cache usage, and free memory per GPU with
     sparklines on one scale. Ctrl-C leaves."""
-    from agent.history import watch as watch_mod
+    from kvforensics.agent.history import watch as watch_mod
 
     if not 0 < interval <= 86400 or count < 0:  # also NaN and infinity
         raise UsageProblem("--interval must be > 0 and --count >= 0")

@@ -17,15 +17,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent.history import store as history
-from agent.model.live import Inspection, Owner
-from agent.model.reconcile import inspect_snapshot, with_history
-from agent.model.records import Options
-from agent.plugin import ENGINES
-from collectors.snapshot import engine_kind, engine_selector, selected_engine
+from kvforensics.agent.history import store as history
+from kvforensics.agent.model.live import Inspection, Owner
+from kvforensics.agent.model.reconcile import inspect_snapshot, with_history
+from kvforensics.agent.model.records import Options
+from kvforensics.agent.plugin import ENGINES
+from kvforensics.collectors.snapshot import engine_kind, engine_selector, selected_engine
 
 if TYPE_CHECKING:
-    from collectors import selection
+    from kvforensics.collectors import selection
 
 # An engine recorded within this window and not found now is "gone" (kvforensics_engine_up 0): long
 # enough for an alert's `for:` at a 5-minute cron, short enough that a stopped engine stops counting

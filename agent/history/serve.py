@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from agent.history import record as record_mod
-from agent.history import store as history
-from agent.model.records import Options
+from kvforensics.agent.history import record as record_mod
+from kvforensics.agent.history import store as history
+from kvforensics.agent.model.records import Options
 
 HEALTH_INTERVALS = 3  # /healthz: the last good look is at most this many --min-interval old ...
 HEALTH_FLOOR_S = 30.0  # ... or this many seconds, whichever is longer (--min-interval 0 samples every scrape)

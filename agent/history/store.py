@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import quote
 
-from agent.history.filekind import kind_of
+from kvforensics.agent.history.filekind import kind_of
 
 APP_ID = 0x4B564653  # "KVFS" in PRAGMA application_id: tells our files from others
 SCHEMA_VERSION = 3
@@ -800,7 +800,7 @@ class KeptStartup:
 def startup(conn: sqlite3.Connection, run_id: int) -> Optional[KeptStartup]:
     """The startup section kept for an engine run (the snapshot's ``engine_log`` as its log held it), or
     None. Checked against the snapshot schema: anything else was not written by kvforensics."""
-    from agent.model import evidence
+    from kvforensics.agent.model import evidence
 
     row = conn.execute("SELECT read_at, section FROM startups WHERE run_id = ?", (run_id,)).fetchone()
     if row is None:

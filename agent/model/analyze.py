@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple
 
-from agent.model import rulebook
-from agent.model.records import Options
-from agent.model.verdict import verdict
-from agent.plugin import ENGINES, EngineAnalysis
-from collectors.events import EngineStartup
+from kvforensics.agent.model import rulebook
+from kvforensics.agent.model.records import Options
+from kvforensics.agent.model.verdict import verdict
+from kvforensics.agent.plugin import ENGINES, EngineAnalysis
+from kvforensics.collectors.events import EngineStartup
 
 
 def analyze_startup(startup: EngineStartup, target: str, opts: Options, index: Optional[int] = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional
 
-from collectors.events import LogEvent
+from kvforensics.collectors.events import LogEvent
 
 
 def and_list(items: Iterable[str]) -> str:

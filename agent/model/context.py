@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from agent.model.records import Options
+from kvforensics.agent.model.records import Options
 
 if TYPE_CHECKING:  # a pasted log's context has no live node: its records stay unloaded
-    from agent.model.live import Inspection
+    from kvforensics.agent.model.live import Inspection
 
 
 @dataclass(frozen=True)

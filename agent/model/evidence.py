@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from agent.model.records import Problem
+from kvforensics.agent.model.records import Problem
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 # The collector runs about the engine a snapshot explains (collectors/snapshot.py): one each per engine
@@ -351,7 +351,7 @@ def _gpu(d: Mapping[str, Any]) -> Gpu:
 
 
 def _engine(d: Mapping[str, Any]) -> Engine:
-    from collectors.snapshot import engine_kind, engine_port
+    from kvforensics.collectors.snapshot import engine_kind, engine_port
 
     server = d.get("server")
     return Engine(server=_process(server) if server else None,
@@ -412,8 +412,8 @@ def _all_problems(document: Mapping[str, Any]) -> Tuple[Problem, ...]:
 
 def _known(entry: Mapping[str, Any]) -> bool:
     """An engine entry this kvforensics has a plug-in for (one written by a newer version may not)."""
-    from collectors.plugin import ENGINES
-    from collectors.snapshot import engine_kind
+    from kvforensics.collectors.plugin import ENGINES
+    from kvforensics.collectors.snapshot import engine_kind
 
     return ENGINES.find(engine_kind(entry)) is not None
 
@@ -443,7 +443,7 @@ class Checked(dict):  # type: ignore[type-arg]
 
 def parse(document: Any) -> Snapshot:
     """Validate and type a snapshot document; EvidenceError if it is not one."""
-    from collectors.snapshot import selected_engine
+    from kvforensics.collectors.snapshot import selected_engine
 
     if not isinstance(document, dict) or document.get("schema") != "kvforensics.snapshot/1":
         raise EvidenceError("not a kvforensics snapshot (expected schema kvforensics.snapshot/1)")

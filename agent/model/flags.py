@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Tuple
 
-from agent.model.records import Problem
+from kvforensics.agent.model.records import Problem
 
 MAX_COUNT = 10**13  # tokens, lengths, requests: the log formats' own bound
 MAX_TEXT = 4096  # a model path, a dtype, a backend name

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
 
-from agent.model.citing import where
-from agent.model.records import Finding
-from collectors.events import LogEvent
+from kvforensics.agent.model.citing import where
+from kvforensics.agent.model.records import Finding
+from kvforensics.collectors.events import LogEvent
 
 
 def incomplete_startup(stages: Sequence[str], words: Dict[str, str], seen: Sequence[str],

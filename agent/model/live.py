@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
-from agent.model.kinds import ItemKind, Owner
-from agent.model.records import Finding, Options, Problem, Recommendation, Verdict
+from kvforensics.agent.model.kinds import ItemKind, Owner
+from kvforensics.agent.model.records import Finding, Options, Problem, Recommendation, Verdict
 
 if TYPE_CHECKING:  # annotations only: a log's analysis never loads the snapshot's records
-    from agent.model.evidence import Engine, HostMemory, Snapshot
+    from kvforensics.agent.model.evidence import Engine, HostMemory, Snapshot
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
-from agent.model.citing import and_list
-from agent.model.kinds import Owner
-from agent.model.records import Finding, KvChange
-from agent.plugin import ENGINES, EngineModel, display
-from collectors.units import gib
+from kvforensics.agent.model.citing import and_list
+from kvforensics.agent.model.kinds import Owner
+from kvforensics.agent.model.records import Finding, KvChange
+from kvforensics.agent.plugin import ENGINES, EngineModel, display
+from kvforensics.collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
-    from agent.model.live import GpuLedger, Inspection
+    from kvforensics.agent.model.context import Context
+    from kvforensics.agent.model.live import GpuLedger, Inspection
 
 UNUSED_WARN_BYTES = 512 << 20  # reclaimable memory below this is not worth a flag change
 IMBALANCE_WARN_BYTES = 512 << 20  # free-memory spread across ranks worth reporting
@@ -317,7 +317,7 @@ def engine_not_found(ctx: "Context") -> Iterator[Finding]:
 
 def _selector(e: Any) -> str:
     """The --engine value that names this server on its node: its pod and port in a pod, else its port."""
-    from collectors import selection  # only where a server is to be named: most nodes' rules never need it
+    from kvforensics.collectors import selection  # only where a server is to be named: most nodes' rules never need it
 
     return selection.text(e.port, (e.pod.namespace, e.pod.name) if e.pod is not None else None)
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from agent.model import evidence, rulebook
-from agent.model.analyze import analyze_startup
-from agent.model.evidence import Engine, Gpu, Process, Snapshot
-from agent.model.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, Owner
-from agent.model.records import Options, Problem
-from agent.model.verdict import verdict
-from agent.plugin import ENGINES
-from collectors import events
-from collectors.plugin import ENGINES as COLLECTORS
-from collectors.plugin import for_bundle
+from kvforensics.agent.model import evidence, rulebook
+from kvforensics.agent.model.analyze import analyze_startup
+from kvforensics.agent.model.evidence import Engine, Gpu, Process, Snapshot
+from kvforensics.agent.model.live import GpuLedger, GpuProcess, Inspection, ItemKind, LedgerItem, Owner
+from kvforensics.agent.model.records import Options, Problem
+from kvforensics.agent.model.verdict import verdict
+from kvforensics.agent.plugin import ENGINES
+from kvforensics.collectors import events
+from kvforensics.collectors.plugin import ENGINES as COLLECTORS
+from kvforensics.collectors.plugin import for_bundle
 
 
 def _short(cmd: tuple) -> str:

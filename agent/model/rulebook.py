@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, List
 
-from agent.model import node_rules
-from agent.model.context import Context
-from agent.model.records import Finding, Recommendation, most_severe_first
-from agent.plugin import ENGINES, EngineModel
+from kvforensics.agent.model import node_rules
+from kvforensics.agent.model.context import Context
+from kvforensics.agent.model.records import Finding, Recommendation, most_severe_first
+from kvforensics.agent.plugin import ENGINES, EngineModel
 
 __all__ = ["Context", "findings", "recommendations"]
 

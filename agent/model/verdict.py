@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from agent.model.records import Finding, Recommendation, Verdict, severity_rank
-from collectors.units import GIB, gib
+from kvforensics.agent.model.records import Finding, Recommendation, Verdict, severity_rank
+from kvforensics.collectors.units import GIB, gib
 
 HEADLINES = ("startup_failed", "incomplete_startup")
 KV_EXPLANATIONS = ("mem_fraction_semantics", "gpu_memory_utilization_semantics", "kv_fraction_semantics")

@@ -13,8 +13,8 @@ import os
 import tempfile
 from typing import Any, Dict
 
-from collectors.probe import MARKER
-from collectors.snapshot import SCHEMA
+from kvforensics.collectors.probe import MARKER
+from kvforensics.collectors.snapshot import SCHEMA
 
 
 class BundleError(Exception):
@@ -45,7 +45,7 @@ MAX_BUNDLE_BYTES = 64 << 20
 
 def load(path: str) -> Dict[str, Any]:
     """The bundle's snapshot, validated against the published snapshot schema."""
-    from agent.model import evidence
+    from kvforensics.agent.model import evidence
 
     raw = _read(path)
     if _has_marker_line(raw):  # noise around it may be any bytes
@@ -92,7 +92,7 @@ def _probe_answer(path: str, raw: bytes) -> Dict[str, Any]:
     """What ``kvforensics probe -o FILE`` printed when run by hand (``KVF-PROBE {…}``, login noise around it
     allowed), verified as an SSH host's answer is: protocol version, the sha256 of the code that ran (this
     kvforensics's probe), the snapshot's checksum and the snapshot schema."""
-    from agent.remote import probe
+    from kvforensics.agent.remote import probe
 
     try:
         return probe.parse_answer(raw, probe.build({}))

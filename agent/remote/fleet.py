@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent.remote import probe as probe_mod
-from agent.remote import transport
-from agent.remote.outcome import ExecResult, SshError
+from kvforensics.agent.remote import probe as probe_mod
+from kvforensics.agent.remote import transport
+from kvforensics.agent.remote.outcome import ExecResult, SshError
 
 DEFAULT_PARALLEL = 16
 DEFAULT_TIMEOUT_S = 30.0

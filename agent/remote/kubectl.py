@@ -24,8 +24,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from agent.remote import probe as probe_mod
-from collectors import pods
+from kvforensics.agent.remote import probe as probe_mod
+from kvforensics.collectors import pods
 
 PREFIX = "k8s:"
 MAX_STDOUT_BYTES = 64 << 20
@@ -326,7 +326,7 @@ def read_log(target: PodTarget, context: Optional[str], startup: int, engine: st
              folder: str) -> Dict[str, Any]:
     """The engine_log section read from ``kubectl logs``, then ``--previous`` when the current log holds no
     startup (a restarted container)."""
-    from collectors import engine_logs
+    from kvforensics.collectors import engine_logs
 
     section: Dict[str, Any] = {}
     for previous in (False, True):
@@ -395,7 +395,7 @@ def collect_one(name: str, context: Optional[str], probe: probe_mod.Probe, optio
 
 def _engine(snap: Dict[str, Any]) -> str:
     """The log's engine: the kind of the server the probe chose, else "auto"."""
-    from collectors.snapshot import engine_kind
+    from kvforensics.collectors.snapshot import engine_kind
 
     engines = snap.get("engines") or {}
     chosen = engines.get("selected")

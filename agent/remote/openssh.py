@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
-from agent.remote.targets import split_target
+from kvforensics.agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
+from kvforensics.agent.remote.targets import split_target
 
 MIN_VERSION = (7, 6)  # StrictHostKeyChecking accept-new
 CONTROL_PERSIST_S = 60

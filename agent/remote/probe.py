@@ -2,8 +2,8 @@
 
 The probe is one Python script sent on the SSH exec channel's stdin to a fixed command,
 ``python3 -I -`` (isolated mode: no user site, no cwd on sys.path). It carries the sources of
-``collectors/`` plus the part of nvidia-ml-py's ``pynvml.py`` they use, as one JSON object (path →
-source), imported from memory by a small finder, so nothing is installed or written on the host.
+``collectors/`` (as ``kvforensics.collectors``) plus the part of nvidia-ml-py's ``pynvml.py`` they use, as one
+JSON object (path → source), imported from memory by a small finder, so nothing is installed or written on the host.
 Options travel as base64 JSON inside the script: data, never a command line. The JSON is
 reproducible (sorted keys), so its sha256 identifies the code that ran; the probe echoes it and a
 checksum of its snapshot. JSON, not a zip: the host parses it with the ``json`` it loads anyway,
@@ -33,8 +33,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from collectors.probe import MARKER, VERSION, canonical
-from collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA
+from kvforensics.collectors.probe import MARKER, VERSION, canonical
+from kvforensics.collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 
 REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches a remote shell
 _PACKAGE = Path(__file__).resolve().parents[2] / "collectors"
@@ -97,7 +97,7 @@ class _FromMemory(object):
 
 sys.dont_write_bytecode = True
 sys.meta_path.insert(0, _FromMemory())
-from collectors import probe as _probe
+from kvforensics.collectors import probe as _probe
 sys.exit(_probe.run(_OPTIONS, hashlib.sha256(_BLOB).hexdigest()))
 '''
 
@@ -112,9 +112,16 @@ def _pynvml_source() -> Optional[bytes]:
     return Path(spec.origin).read_bytes()
 
 
+# The package's own __init__ is not shipped: the probe needs its name (the collectors import each other as
+# kvforensics.collectors.…), not its code.
+_NAMESPACE_INIT = ("kvforensics/__init__.py", b"")
+
+
 def _sources() -> List[Tuple[str, bytes]]:
-    """collectors/**/*.py and pynvml.py, by their names in the probe, in order."""
-    out = [("collectors/" + p.relative_to(_PACKAGE).as_posix(), p.read_bytes()) for p in _PACKAGE.rglob("*.py")]
+    """collectors/**/*.py (as kvforensics/collectors/…) and pynvml.py, by their names in the probe, in order."""
+    out = [("kvforensics/collectors/" + p.relative_to(_PACKAGE).as_posix(), p.read_bytes())
+           for p in _PACKAGE.rglob("*.py")]
+    out.append(_NAMESPACE_INIT)
     nvml = _pynvml_source()
     if nvml is not None:
         out.append(("pynvml.py", nvml))
@@ -158,7 +165,7 @@ def code_blob() -> bytes:
     return _pack(_sources())
 
 
-_SLIM_FORMAT = b"kvforensics-probe-slim/3"  # change it when slim(), _shaken() or _pack() change what they make
+_SLIM_FORMAT = b"kvforensics-probe-slim/4"  # change it when slim(), _shaken() or _pack() change what they make
 
 # pynvml makes an exception class of every NVML_ERROR_* constant by scanning its own module at import.
 _PYNVML_DYNAMIC = ("NVML_ERROR_",)
@@ -169,8 +176,8 @@ def _shaken(name: str, data: bytes) -> bytes:
     ~2 ms of the GPU host's CPU to compile instead of ~34); the other sources as they are."""
     if name != "pynvml.py":
         return data
-    from agent.remote.shake import shake
-    from collectors.nvml import PYNVML_USES
+    from kvforensics.agent.remote.shake import shake
+    from kvforensics.collectors.nvml import PYNVML_USES
 
     return shake(data.decode("utf-8"), PYNVML_USES, _PYNVML_DYNAMIC).encode("utf-8")
 
@@ -297,7 +304,7 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
     line = _last_marked_line(stdout.decode("utf-8", "replace"))
     if line is None:
         raise ProbeError("probe.no_answer", "the probe printed no answer")
-    from agent.model import evidence
+    from kvforensics.agent.model import evidence
 
     try:
         answer = evidence.loads(line)

@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import paramiko
-
-from agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
-from agent.remote.targets import port_number, split_target
+from kvforensics.agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
+from kvforensics.agent.remote.targets import port_number, split_target
 
 __all__ = ["ExecResult", "HostSpec", "MAX_STDERR_BYTES", "MAX_STDOUT_BYTES", "SshError", "connect", "exec_once",
            "load_config", "resolve"]

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Protocol
 
-from agent.remote.outcome import ExecResult
+from kvforensics.agent.remote.outcome import ExecResult
 
 CHOICES = ("auto", "openssh", "paramiko")
 
@@ -49,7 +49,7 @@ class _ParamikoConnection:
         self.notes = session.notes
 
     def exec(self, command: str, stdin: bytes, deadline: float) -> ExecResult:
-        from agent.remote import ssh
+        from kvforensics.agent.remote import ssh
 
         return ssh.exec_once(self.session, command, stdin, deadline)
 
@@ -63,13 +63,13 @@ class Paramiko:
     name = "paramiko"
 
     def __init__(self, settings: Settings) -> None:
-        from agent.remote import ssh
+        from kvforensics.agent.remote import ssh
 
         self.settings = settings
         self.config = ssh.load_config(settings.ssh_config)
 
     def open(self, target: str, deadline: float) -> Connection:
-        from agent.remote import ssh
+        from kvforensics.agent.remote import ssh
 
         spec = ssh.resolve(target, self.config, self.settings.accept_new, self.settings.identity)
         return _ParamikoConnection(ssh.connect(spec, self.config, deadline, self.settings.accept_new,
@@ -82,21 +82,21 @@ class OpenSsh:
     name = "openssh"
 
     def __init__(self, settings: Settings) -> None:
-        from agent.remote import openssh
+        from kvforensics.agent.remote import openssh
 
         self.options = openssh.Options(ssh_config=settings.ssh_config, accept_new=settings.accept_new,
                                        identity=settings.identity, multiplex=settings.multiplex,
                                        interactive=settings.interactive)
 
     def open(self, target: str, deadline: float) -> Connection:
-        from agent.remote import openssh
+        from kvforensics.agent.remote import openssh
 
         return openssh.connect(target, self.options, deadline)
 
 
 def choose(name: str, settings: Settings) -> Transport:
     """The transport asked for; "auto": OpenSSH when its client is usable, else paramiko (said on stderr)."""
-    from agent.remote import openssh
+    from kvforensics.agent.remote import openssh
 
     if name == "paramiko":
         return Paramiko(settings)

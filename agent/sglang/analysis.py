@@ -9,20 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.model import flags
-from agent.model.citing import and_list, where
-from agent.model.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
-from agent.sglang import budget as budget_mod
-from agent.sglang import era as era_mod
-from agent.sglang import stages
-from agent.sglang.attribution import Attributed, attribute, pool_key
-from agent.sglang.budget import Budget, ReqToToken
-from agent.sglang.kv_geometry import MLA_WIDTH, GeometryError, KvGeometry, geometry, mla_layers_from_pool
-from agent.sglang.ledger import RankLedger, ledgers
-from agent.sglang.stages import Failure, Progress
-from collectors.events import LogEvent
-from collectors.sglang.startups import Startup
-from collectors.units import gib
+from kvforensics.agent.model import flags
+from kvforensics.agent.model.citing import and_list, where
+from kvforensics.agent.model.records import Finding, KvChange, Options, Problem, Recommendation, Verdict
+from kvforensics.agent.sglang import budget as budget_mod
+from kvforensics.agent.sglang import era as era_mod
+from kvforensics.agent.sglang import stages
+from kvforensics.agent.sglang.attribution import Attributed, attribute, pool_key
+from kvforensics.agent.sglang.budget import Budget, ReqToToken
+from kvforensics.agent.sglang.kv_geometry import MLA_WIDTH, GeometryError, KvGeometry, geometry, mla_layers_from_pool
+from kvforensics.agent.sglang.ledger import RankLedger, ledgers
+from kvforensics.agent.sglang.stages import Failure, Progress
+from kvforensics.collectors.events import LogEvent
+from kvforensics.collectors.sglang.startups import Startup
+from kvforensics.collectors.units import gib
 
 
 @dataclass(frozen=True)

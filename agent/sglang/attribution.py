@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from collectors.events import LogEvent
-from collectors.sglang.startups import Startup
+from kvforensics.collectors.events import LogEvent
+from kvforensics.collectors.sglang.startups import Startup
 
 RUNNER_KINDS = ("dist_init_begin", "dist_init_end", "load_begin", "load_end", "kv_pool", "swa_pool",
                 "pool_end", "mamba_pool", "graph_begin", "graph_end", "graph_bs", "graph_progress", "post_capture_kv")

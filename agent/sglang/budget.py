@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.sglang.era import Era
-from agent.sglang.ledger import RankLedger
-from collectors.lineformat import Version
-from collectors.sglang.log import GIB, PRINT_TOLERANCE_BYTES
+from kvforensics.agent.sglang.era import Era
+from kvforensics.agent.sglang.ledger import RankLedger
+from kvforensics.collectors.lineformat import Version
+from kvforensics.collectors.sglang.log import GIB, PRINT_TOLERANCE_BYTES
 
 HALF = PRINT_TOLERANCE_BYTES
 

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from collectors.lineformat import Version, version
-from collectors.sglang.formats import BY_NAME
-from collectors.sglang.startups import Startup
+from kvforensics.collectors.lineformat import Version, version
+from kvforensics.collectors.sglang.formats import BY_NAME
+from kvforensics.collectors.sglang.startups import Startup
 
 OLDEST: Version = (0, 2, 15)
 NEWEST: Version = (0, 5, 23)

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from agent.model.node_rules import worth_it
-from agent.model.records import Finding
-from collectors.units import gib
+from kvforensics.agent.model.node_rules import worth_it
+from kvforensics.agent.model.records import Finding
+from kvforensics.collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
-    from agent.model.live import Inspection
+    from kvforensics.agent.model.context import Context
+    from kvforensics.agent.model.live import Inspection
 
 HOST_RESERVE_BYTES = 10 << 30
 # A HiCache tier at least this much host RAM per rank (decimal GB, as --hicache-size reads it).

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Tuple
 
-from agent.model.node_rules import IMBALANCE_WARN_BYTES, cell_bytes
-from agent.model.records import Finding
-from collectors.units import gib
+from kvforensics.agent.model.node_rules import IMBALANCE_WARN_BYTES, cell_bytes
+from kvforensics.agent.model.records import Finding
+from kvforensics.collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 
 def _rank_evidence(r, field: str) -> Tuple[str, ...]:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from agent.model.geometry import (
+from kvforensics.agent.model.geometry import (
     ELEM,
     GeometryError,
     KvGeometry,
@@ -22,7 +22,7 @@ from agent.model.geometry import (
     resolve_dtype,
     text_config,
 )
-from agent.sglang.era import NEWEST, Era
+from kvforensics.agent.sglang.era import NEWEST, Era
 
 __all__ = ["GeometryError", "KvGeometry", "geometry", "resolve_dtype", "text_config"]
 

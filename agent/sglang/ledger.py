@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
-from agent.model.citing import where
-from agent.sglang.attribution import Attributed, RankEvents, RunnerEvents, pool_key
-from collectors.events import LogEvent
+from kvforensics.agent.model.citing import where
+from kvforensics.agent.sglang.attribution import Attributed, RankEvents, RunnerEvents, pool_key
+from kvforensics.collectors.events import LogEvent
 
 
 @dataclass(frozen=True)

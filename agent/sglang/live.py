@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from agent.model.live import ItemKind, LedgerItem
-from agent.sglang.analysis import Analysis
-from agent.sglang.ledger import RankLedger
+from kvforensics.agent.model.live import ItemKind, LedgerItem
+from kvforensics.agent.sglang.analysis import Analysis
+from kvforensics.agent.sglang.ledger import RankLedger
 
 if TYPE_CHECKING:
-    from agent.model.evidence import Engine
+    from kvforensics.agent.model.evidence import Engine
 
 
 def _rank_ledger(analysis: Optional[Analysis], rank: str) -> Optional[RankLedger]:

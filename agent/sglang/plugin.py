@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from agent.plugin import EngineModel, LoadMetrics
-from collectors.registry import lazy, lazy_rows
-from collectors.units import gib
+from kvforensics.agent.plugin import EngineModel, LoadMetrics
+from kvforensics.collectors.registry import lazy, lazy_rows
+from kvforensics.collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 
 def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[int]) -> str:
@@ -25,11 +25,11 @@ ENGINE = EngineModel(
     name="sglang",
     # Its analysis, rules and recommenders load when its startup or its server is there: a node without SGLang
     # (no engine, or another one) never imports them.
-    build_analysis=lazy("agent.sglang.analysis:build_analysis"),
-    headlines=lazy_rows("agent.sglang.rules:HEADLINES"),
-    rules=lazy_rows("agent.sglang.rules:RULES"),
-    recommenders=lazy_rows("agent.sglang.recommend:RECOMMENDERS"),
-    place=lazy("agent.sglang.live:place"),  # a live node only: a pasted log never loads its records
+    build_analysis=lazy("kvforensics.agent.sglang.analysis:build_analysis"),
+    headlines=lazy_rows("kvforensics.agent.sglang.rules:HEADLINES"),
+    rules=lazy_rows("kvforensics.agent.sglang.rules:RULES"),
+    recommenders=lazy_rows("kvforensics.agent.sglang.recommend:RECOMMENDERS"),
+    place=lazy("kvforensics.agent.sglang.live:place"),  # a live node only: a pasted log never loads its records
     budget_flag="--mem-fraction-static",
     # collectors/sglang/http.py WANTED: the scheduler's gauges (with --enable-metrics)
     load=LoadMetrics(running="sglang:num_running_reqs", queued="sglang:num_queue_reqs",
@@ -40,6 +40,6 @@ ENGINE = EngineModel(
                             ("sglang:num_used_tokens", "tokens in use", "{:,.0f}"))),
     process_hint=("`sglang.launch_server`", "`sglang serve`", "`sglang::scheduler*`"),
     foreign_cost=foreign_cost,
-    node_rules=(lazy("agent.sglang.hicache:host_ram_offload"),),
-    log_imbalance=lazy("agent.sglang.imbalance:log_imbalance"),
+    node_rules=(lazy("kvforensics.agent.sglang.hicache:host_ram_offload"),),
+    log_imbalance=lazy("kvforensics.agent.sglang.imbalance:log_imbalance"),
 )

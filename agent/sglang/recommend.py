@@ -15,15 +15,15 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional
 
-from agent.model.node_rules import Spare, spare_memory, worth_it
-from agent.model.node_rules import gain_requests as node_gain_requests
-from agent.model.records import Recommendation
-from agent.sglang.analysis import Analysis
-from agent.sglang.hicache import MIN_HICACHE_GB, host_offload
-from collectors.units import gib
+from kvforensics.agent.model.node_rules import Spare, spare_memory, worth_it
+from kvforensics.agent.model.node_rules import gain_requests as node_gain_requests
+from kvforensics.agent.model.records import Recommendation
+from kvforensics.agent.sglang.analysis import Analysis
+from kvforensics.agent.sglang.hicache import MIN_HICACHE_GB, host_offload
+from kvforensics.collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 _HALF_PRECISION = ("bf16", "bfloat16", "float16", "fp16", "half", "auto", "torch.bfloat16", "torch.float16")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from agent.model.citing import and_list, where
-from agent.model.records import Finding
-from agent.sglang.analysis import Analysis
-from agent.sglang.ledger import RankLedger
-from agent.sglang.stages import STAGE_WORDS
-from collectors.units import gib
+from kvforensics.agent.model.citing import and_list, where
+from kvforensics.agent.model.records import Finding
+from kvforensics.agent.sglang.analysis import Analysis
+from kvforensics.agent.sglang.ledger import RankLedger
+from kvforensics.agent.sglang.stages import STAGE_WORDS
+from kvforensics.collectors.units import gib
 
 GEOMETRY_TOLERANCE = 0.01  # config vs log bytes-per-token, relative
 

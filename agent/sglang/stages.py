@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from agent.model.citing import CitesEvent, where
-from agent.sglang.attribution import Attributed
-from collectors.events import LogEvent
+from kvforensics.agent.model.citing import CitesEvent, where
+from kvforensics.agent.sglang.attribution import Attributed
+from kvforensics.collectors.events import LogEvent
 
 STAGES = ("dist_init", "weights", "kv_pool", "workspaces", "graph_capture", "draft", "summary")
 STAGE_WORDS = {

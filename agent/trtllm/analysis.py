@@ -25,13 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.model import flags
-from agent.model.citing import CitesEvent, where
-from agent.model.records import Finding, KvChange, KvCheck, Options, Problem, Recommendation
-from collectors.events import LogEvent
-from collectors.trtllm.formats import PRINT_TOLERANCE_BYTES
-from collectors.trtllm.startups import Startup
-from collectors.units import gib
+from kvforensics.agent.model import flags
+from kvforensics.agent.model.citing import CitesEvent, where
+from kvforensics.agent.model.records import Finding, KvChange, KvCheck, Options, Problem, Recommendation
+from kvforensics.collectors.events import LogEvent
+from kvforensics.collectors.trtllm.formats import PRINT_TOLERANCE_BYTES
+from kvforensics.collectors.trtllm.startups import Startup
+from kvforensics.collectors.units import gib
 
 ENGINE = "trtllm"
 DEFAULT_FRACTION = 0.9  # C++ KvCacheConfig::kDefaultGpuMemFraction; the LLM API's default (llm_args.py)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
-from agent.model import geometry as mg
-from agent.model.geometry import GeometryError
+from kvforensics.agent.model import geometry as mg
+from kvforensics.agent.model.geometry import GeometryError
 
 __all__ = ["GeometryError", "bytes_per_token"]
 

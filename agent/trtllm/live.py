@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from agent.model.live import ItemKind, LedgerItem
-from agent.trtllm.analysis import Analysis, Rank
+from kvforensics.agent.model.live import ItemKind, LedgerItem
+from kvforensics.agent.trtllm.analysis import Analysis, Rank
 
 if TYPE_CHECKING:
-    from agent.model.evidence import Engine
+    from kvforensics.agent.model.evidence import Engine
 
 
 def logged_items(tagged: Optional[Rank], untagged: Optional[Rank]) -> List[LedgerItem]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from agent.plugin import EngineModel, LoadMetrics
-from collectors.registry import lazy, lazy_rows
+from kvforensics.agent.plugin import EngineModel, LoadMetrics
+from kvforensics.collectors.registry import lazy, lazy_rows
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 
 def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[int]) -> str:
@@ -21,11 +21,11 @@ def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[
 
 ENGINE = EngineModel(
     name="trtllm",
-    build_analysis=lazy("agent.trtllm.analysis:build_analysis"),
-    headlines=lazy_rows("agent.trtllm.rules:HEADLINES"),
-    rules=lazy_rows("agent.trtllm.rules:RULES"),
-    recommenders=lazy_rows("agent.trtllm.recommend:RECOMMENDERS"),
-    place=lazy("agent.trtllm.live:place"),
+    build_analysis=lazy("kvforensics.agent.trtllm.analysis:build_analysis"),
+    headlines=lazy_rows("kvforensics.agent.trtllm.rules:HEADLINES"),
+    rules=lazy_rows("kvforensics.agent.trtllm.rules:RULES"),
+    recommenders=lazy_rows("kvforensics.agent.trtllm.recommend:RECOMMENDERS"),
+    place=lazy("kvforensics.agent.trtllm.live:place"),
     budget_flag="--kv_cache_free_gpu_memory_fraction",
     # trtllm-serve's Prometheus page (collectors/trtllm/http.py names what it reads).
     load=LoadMetrics(running="trtllm_num_requests_running", queued="trtllm_num_requests_waiting",
@@ -39,5 +39,5 @@ ENGINE = EngineModel(
     # log, NVML's free memory is not spare.
     frees_profiled_peak=True,
     foreign_cost=foreign_cost,
-    node_rules=(lazy("agent.trtllm.scheduler:scheduler_reserves"),),
+    node_rules=(lazy("kvforensics.agent.trtllm.scheduler:scheduler_reserves"),),
 )

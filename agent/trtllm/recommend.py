@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from agent.model.node_rules import gain_requests, spare_memory
-from agent.model.records import Recommendation
-from agent.trtllm.analysis import Analysis
-from collectors.units import gib
+from kvforensics.agent.model.node_rules import gain_requests, spare_memory
+from kvforensics.agent.model.records import Recommendation
+from kvforensics.agent.trtllm.analysis import Analysis
+from kvforensics.collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 
 def on_failure(ctx: "Context") -> Iterator[Recommendation]:
@@ -76,7 +76,7 @@ def fp8_kv_cache(ctx: "Context") -> Iterator[Recommendation]:
                                          a.kv_cache_tokens // a.summary.context_len < a.summary.max_running_requests)
     if not cell or not binds:
         return
-    from agent.trtllm import kv_geometry
+    from kvforensics.agent.trtllm import kv_geometry
 
     tp = a.server_args.get("tp_size") if isinstance(a.server_args.get("tp_size"), int) else a.rank_count
     pp = a.server_args.get("pp_size") if isinstance(a.server_args.get("pp_size"), int) else 1

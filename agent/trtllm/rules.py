@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from agent.model import fragment
-from agent.model.citing import and_list, where
-from agent.model.records import Finding
-from agent.trtllm.analysis import STAGE_WORDS, STAGES, Analysis, Failure, Rank
-from collectors.units import gib
+from kvforensics.agent.model import fragment
+from kvforensics.agent.model.citing import and_list, where
+from kvforensics.agent.model.records import Finding
+from kvforensics.agent.trtllm.analysis import STAGE_WORDS, STAGES, Analysis, Failure, Rank
+from kvforensics.collectors.units import gib
 
 _CAUSE_WORDS = {
     "executor_insufficient_memory": "the executor could not be created: GPU memory ran out",

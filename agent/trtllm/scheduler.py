@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from agent.model.records import Finding
+from kvforensics.agent.model.records import Finding
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 FULL_ENOUGH = 0.7  # a cache used past this is full in practice: waiting is the cache's size, not the policy
 

@@ -18,16 +18,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.model import flags
-from agent.model.citing import CitesEvent, where
-from agent.model.geometry import GeometryError, KvGeometry
-from agent.model.records import Finding, KvChange, KvCheck, Options, Problem, Recommendation
-from agent.vllm import kv_geometry
-from collectors.events import LogEvent
-from collectors.lineformat import Version
-from collectors.units import gib
-from collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES, arg_values, whole_items
-from collectors.vllm.startups import Startup
+from kvforensics.agent.model import flags
+from kvforensics.agent.model.citing import CitesEvent, where
+from kvforensics.agent.model.geometry import GeometryError, KvGeometry
+from kvforensics.agent.model.records import Finding, KvChange, KvCheck, Options, Problem, Recommendation
+from kvforensics.agent.vllm import kv_geometry
+from kvforensics.collectors.events import LogEvent
+from kvforensics.collectors.lineformat import Version
+from kvforensics.collectors.units import gib
+from kvforensics.collectors.vllm.formats import BY_NAME, GENERIC_CAUSES, PRINT_TOLERANCE_BYTES, arg_values, whole_items
+from kvforensics.collectors.vllm.startups import Startup
 
 ERAS = (  # (name, since, until, graphs inside the budget)
     ("V0-a", (0, 3, 3), (0, 6, 3), False), ("V0-b", (0, 6, 4), (0, 6, 4), False),

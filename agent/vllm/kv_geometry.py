@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agent.model import geometry as mg
-from agent.model.geometry import GeometryError, KvGeometry
+from kvforensics.agent.model import geometry as mg
+from kvforensics.agent.model.geometry import GeometryError, KvGeometry
 
 _FP8_PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head")  # + fp32 scales: not modelled here
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from agent.model.live import ItemKind, LedgerItem
-from agent.vllm.analysis import Analysis, Worker
+from kvforensics.agent.model.live import ItemKind, LedgerItem
+from kvforensics.agent.vllm.analysis import Analysis, Worker
 
 if TYPE_CHECKING:
-    from agent.model.evidence import Engine
+    from kvforensics.agent.model.evidence import Engine
 
 _PID = re.compile(r"\bpid=(\d+)")
 DRIVER = "driver"  # V0's rank-0 worker inside the API server process: its lines carry no prefix

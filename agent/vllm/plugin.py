@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from agent.model.node_rules import live_settings
-from agent.plugin import EngineModel, LoadMetrics
-from collectors.registry import lazy, lazy_rows
+from kvforensics.agent.model.node_rules import live_settings
+from kvforensics.agent.plugin import EngineModel, LoadMetrics
+from kvforensics.collectors.registry import lazy, lazy_rows
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 
 def foreign_cost(ctx: "Context", process: Any, engine_gpus: int, cell: Optional[int]) -> str:
@@ -28,11 +28,11 @@ ENGINE = EngineModel(
     name="vllm",
     # Its analysis, rules and recommenders load when its startup or its server is there: a node without vLLM
     # (no engine, or another one) never imports them.
-    build_analysis=lazy("agent.vllm.analysis:build_analysis"),
-    headlines=lazy_rows("agent.vllm.rules:HEADLINES"),
-    rules=lazy_rows("agent.vllm.rules:RULES"),
-    recommenders=lazy_rows("agent.vllm.recommend:RECOMMENDERS"),
-    place=lazy("agent.vllm.live:place"),  # a live node only: a pasted log never loads its records
+    build_analysis=lazy("kvforensics.agent.vllm.analysis:build_analysis"),
+    headlines=lazy_rows("kvforensics.agent.vllm.rules:HEADLINES"),
+    rules=lazy_rows("kvforensics.agent.vllm.rules:RULES"),
+    recommenders=lazy_rows("kvforensics.agent.vllm.recommend:RECOMMENDERS"),
+    place=lazy("kvforensics.agent.vllm.live:place"),  # a live node only: a pasted log never loads its records
     budget_flag="--gpu-memory-utilization",
     # The V1 and V0 names (collectors/vllm/metrics.py); usage is a share of its blocks, not a token count.
     load=LoadMetrics(running="vllm:num_requests_running", queued="vllm:num_requests_waiting",

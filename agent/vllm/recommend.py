@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
-from agent.model.node_rules import Spare, gain_requests, live_sizing, spare_memory
-from agent.model.records import Recommendation
-from agent.vllm.analysis import Analysis
-from collectors.units import gib
+from kvforensics.agent.model.node_rules import Spare, gain_requests, live_sizing, spare_memory
+from kvforensics.agent.model.records import Recommendation
+from kvforensics.agent.vllm.analysis import Analysis
+from kvforensics.collectors.units import gib
 
 if TYPE_CHECKING:
-    from agent.model.context import Context
+    from kvforensics.agent.model.context import Context
 
 
 def on_failure(ctx: "Context") -> Iterator[Recommendation]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Iterator, Optional, Tuple
 
-from agent.model import fragment
-from agent.model.citing import and_list, where
-from agent.model.records import Finding
-from agent.vllm.analysis import STAGE_WORDS, STAGES, Analysis, Worker
-from collectors.units import gib
+from kvforensics.agent.model import fragment
+from kvforensics.agent.model.citing import and_list, where
+from kvforensics.agent.model.records import Finding
+from kvforensics.agent.vllm.analysis import STAGE_WORDS, STAGES, Analysis, Worker
+from kvforensics.collectors.units import gib
 
 SHARED_GPU_BYTES = 1 << 30  # used memory at worker start beyond this is more than a CUDA context and NCCL
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Optional, Tuple
 
-from collectors.lineformat import Lazy, LineFormat, always, first, when
-from collectors.sglang.server_args import parse_server_args
-from collectors.units import GB, GIB
+from kvforensics.collectors.lineformat import Lazy, LineFormat, always, first, when
+from kvforensics.collectors.sglang.server_args import parse_server_args
+from kvforensics.collectors.units import GB, GIB
 
 # Every value is printed with "{:.2f}", so a figure is only known to half a hundredth.
 PRINT_TOLERANCE_BYTES = GIB // 200  # 0.005 GiB ≈ 5.4 MB

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict
 
-from collectors import loopback
-from collectors.exposition import iter_samples
-from collectors.redact import redact_mapping
+from kvforensics.collectors import loopback
+from kvforensics.collectors.exposition import iter_samples
+from kvforensics.collectors.redact import redact_mapping
 
 WANTED = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_used_tokens",
           "sglang:max_total_num_tokens", "sglang:kv_used_tokens", "sglang:kv_available_tokens",

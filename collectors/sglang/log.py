@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from collectors import lineformat
-from collectors.events import LogEvent
-from collectors.lineformat import LineFormat
-from collectors.sglang.formats import FORMATS, PRINT_TOLERANCE_BYTES
-from collectors.units import GB, GIB
+from kvforensics.collectors import lineformat
+from kvforensics.collectors.events import LogEvent
+from kvforensics.collectors.lineformat import LineFormat
+from kvforensics.collectors.sglang.formats import FORMATS, PRINT_TOLERANCE_BYTES
+from kvforensics.collectors.units import GB, GIB
 
 __all__ = ["GB", "GIB", "PRINT_TOLERANCE_BYTES", "LogEvent", "classify", "parse_line", "parse_lines",
            "parse_message", "record_starts", "split_records"]

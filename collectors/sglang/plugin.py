@@ -8,8 +8,8 @@ compiled from source on the host) are loaded by what reads a log.
 
 from __future__ import annotations
 
-from collectors.plugin import EngineCollectors
-from collectors.registry import lazy, lazy_rows
+from kvforensics.collectors.plugin import EngineCollectors
+from kvforensics.collectors.registry import lazy, lazy_rows
 
 # Every startup since 0.2.15 prints it, once per rank and runner. The longer the needle, the
 # longer the skips of the reverse search: 29 bytes scan 2 GiB in 0.13 s, 17 bytes in 0.24 s.
@@ -18,11 +18,11 @@ ANCHOR = b"Load weight begin. avail mem="
 ENGINE = EngineCollectors(
     name="sglang",
     display="SGLang",
-    formats=lazy_rows("collectors.sglang.formats:FORMATS"),
+    formats=lazy_rows("kvforensics.collectors.sglang.formats:FORMATS"),
     idle_needles=(),
-    parse_line=lazy("collectors.sglang.log:parse_line"),
-    segmenter=lazy("collectors.sglang.startups:StartupSegmenter"),
-    segment_lines=lazy("collectors.sglang.startups:segment_lines"),
+    parse_line=lazy("kvforensics.collectors.sglang.log:parse_line"),
+    segmenter=lazy("kvforensics.collectors.sglang.startups:StartupSegmenter"),
+    segment_lines=lazy("kvforensics.collectors.sglang.startups:segment_lines"),
     # The last load line, else (a startup that never loaded) the last server_args.
     anchors=(ANCHOR, b"server_args="),
     anchors_in_order=True,
@@ -30,12 +30,13 @@ ENGINE = EngineCollectors(
     end_words="its summary line",
     no_startup_hint="'Load weight', 'KV Cache is allocated', 'max_total_num_tokens='",
     launch_lines=(b"server_args=",),
-    owns_event=lazy("collectors.sglang.startups:owns_event"),
-    begins_cleanly=lazy("collectors.sglang.startups:begins_cleanly"),
-    classify=lazy("collectors.sglang.processes:classify"),
-    parse_flags=lazy("collectors.sglang.processes:parse_flags"),
+    owns_event=lazy("kvforensics.collectors.sglang.startups:owns_event"),
+    begins_cleanly=lazy("kvforensics.collectors.sglang.startups:begins_cleanly"),
+    classify=lazy("kvforensics.collectors.sglang.processes:classify"),
+    parse_flags=lazy("kvforensics.collectors.sglang.processes:parse_flags"),
     default_port=30000,  # server_args.py ServerArgs.port
-    read_http=lazy("collectors.sglang.http:read_http"),
+    read_http=lazy("kvforensics.collectors.sglang.http:read_http"),
     legacy_default=True,  # kvforensics explained SGLang alone before snapshots named the engine
-    record_starts=lazy("collectors.sglang.log:record_starts"),  # records glued to tqdm bars, or to each other
+    record_starts=lazy("kvforensics.collectors.sglang.log:record_starts"),
+    # records glued to tqdm bars, or to each other
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from collectors.argv import parse_flags as _parse
+from kvforensics.collectors.argv import parse_flags as _parse
 
 ENGINE = "sglang"
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from collectors.events import EngineStartup, LogEvent, StartupBook, segment
-from collectors.sglang.log import parse_line
+from kvforensics.collectors.events import EngineStartup, LogEvent, StartupBook, segment
+from kvforensics.collectors.sglang.log import parse_line
 
 _BEGIN_KINDS = ("dist_init_begin", "load_begin")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Optional
 
-from collectors.lineformat import Lazy, LineFormat, always
-from collectors.units import GIB, MIB
+from kvforensics.collectors.lineformat import Lazy, LineFormat, always
+from kvforensics.collectors.units import GIB, MIB
 
 # Figures printed with two decimals are known to half a hundredth of a GiB.
 PRINT_TOLERANCE_BYTES = GIB // 200

@@ -16,8 +16,8 @@ import json
 import math
 from typing import Any, Dict, Optional
 
-from collectors import loopback
-from collectors.exposition import iter_samples
+from kvforensics.collectors import loopback
+from kvforensics.collectors.exposition import iter_samples
 
 NAMES = ("trtllm_num_requests_running", "trtllm_num_requests_waiting", "trtllm_kv_cache_utilization",
          "trtllm_kv_cache_max_blocks", "trtllm_kv_cache_free_blocks", "trtllm_kv_cache_used_blocks",

@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple
 
-from collectors import lineformat
-from collectors.events import LogEvent
-from collectors.trtllm.formats import FORMATS
+from kvforensics.collectors import lineformat
+from kvforensics.collectors.events import LogEvent
+from kvforensics.collectors.trtllm.formats import FORMATS
 
 __all__ = ["LogEvent", "parse_line", "split_record"]
 

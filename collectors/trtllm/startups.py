@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Set, Tuple
 
-from collectors.events import EngineStartup, LogEvent, StartupBook, segment
-from collectors.trtllm.log import parse_line
+from kvforensics.collectors.events import EngineStartup, LogEvent, StartupBook, segment
+from kvforensics.collectors.trtllm.log import parse_line
 
 _PREAMBLE = ("banner", "backend", "mpi")
 # What still explains a failure after its first line (or, after ready, what went wrong while serving).

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Optional
 
-from collectors.lineformat import Lazy, LineFormat, always, first, when
-from collectors.units import GIB
+from kvforensics.collectors.lineformat import Lazy, LineFormat, always, first, when
+from kvforensics.collectors.units import GIB
 
 # Figures are printed with "%.2f" (or format_gib: round(x, 2)), so one is known to half a hundredth.
 PRINT_TOLERANCE_BYTES = GIB // 200

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from collectors import loopback
-from collectors.vllm import metrics
+from kvforensics.collectors import loopback
+from kvforensics.collectors.vllm import metrics
 
 
 def read_http(base: str, section: Dict[str, Any]) -> bool:

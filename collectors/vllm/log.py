@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 from typing import Iterable, List, Optional, Tuple
 
-from collectors import lineformat
-from collectors.events import LogEvent
-from collectors.lineformat import LineFormat
-from collectors.vllm.formats import FORMATS
+from kvforensics.collectors import lineformat
+from kvforensics.collectors.events import LogEvent
+from kvforensics.collectors.lineformat import LineFormat
+from kvforensics.collectors.vllm.formats import FORMATS
 
 __all__ = ["LogEvent", "classify", "parse_line", "parse_lines", "split_record"]
 

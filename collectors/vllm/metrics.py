@@ -8,8 +8,8 @@ import math
 import re
 from typing import Any, Dict, Optional, Tuple
 
-from collectors.exposition import FLOAT, iter_samples
-from collectors.redact import redact_mapping
+from kvforensics.collectors.exposition import FLOAT, iter_samples
+from kvforensics.collectors.redact import redact_mapping
 
 # vLLM metric names, as registered in vLLM's own source (read in the PyPI wheels of 0.4.3, 0.6.3,
 # 0.8.5, 0.10.2, 0.11.0 and 0.33.0):

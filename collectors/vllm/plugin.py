@@ -8,18 +8,18 @@ compiled from source on the host) are loaded by what reads a log.
 
 from __future__ import annotations
 
-from collectors.plugin import EngineCollectors
-from collectors.registry import lazy, lazy_rows
+from kvforensics.collectors.plugin import EngineCollectors
+from kvforensics.collectors.registry import lazy, lazy_rows
 
 ENGINE = EngineCollectors(
     name="vllm",
     display="vLLM",
     # Its serving lines (IDLE_NEEDLES) are looked for apart, only when a startup awaits its end.
-    formats=lazy_rows("collectors.vllm.formats:STARTUP_FORMATS"),
-    idle_needles=lazy_rows("collectors.vllm.formats:IDLE_NEEDLES"),
-    parse_line=lazy("collectors.vllm.log:parse_line"),
-    segmenter=lazy("collectors.vllm.startups:StartupSegmenter"),
-    segment_lines=lazy("collectors.vllm.startups:segment_lines"),
+    formats=lazy_rows("kvforensics.collectors.vllm.formats:STARTUP_FORMATS"),
+    idle_needles=lazy_rows("kvforensics.collectors.vllm.formats:IDLE_NEEDLES"),
+    parse_line=lazy("kvforensics.collectors.vllm.log:parse_line"),
+    segmenter=lazy("kvforensics.collectors.vllm.startups:StartupSegmenter"),
+    segment_lines=lazy("kvforensics.collectors.vllm.startups:segment_lines"),
     # No single line is in every startup: the last of any of them anchors the window. The later
     # ones find fragments that begin at profiling (V0) or at the KV report (V1).
     anchors=(b"Model loading took", b"Loading model weights took", b"Available KV cache memory",
@@ -31,10 +31,10 @@ ENGINE = EngineCollectors(
     no_startup_hint="'Model loading took', 'Available KV cache memory', '# GPU blocks', 'GPU KV cache size'",
     # vLLM before 0.10 prints no such line: the journal's invocation bounds the read.
     launch_lines=(b"non-default args:",),
-    owns_event=lazy("collectors.vllm.startups:owns_event"),
-    begins_cleanly=lazy("collectors.vllm.startups:begins_cleanly"),
-    classify=lazy("collectors.vllm.processes:classify"),
-    parse_flags=lazy("collectors.vllm.processes:parse_flags"),
+    owns_event=lazy("kvforensics.collectors.vllm.startups:owns_event"),
+    begins_cleanly=lazy("kvforensics.collectors.vllm.startups:begins_cleanly"),
+    classify=lazy("kvforensics.collectors.vllm.processes:classify"),
+    parse_flags=lazy("kvforensics.collectors.vllm.processes:parse_flags"),
     default_port=8000,  # vllm/entrypoints/openai/cli_args.py make_arg_parser: --port default
-    read_http=lazy("collectors.vllm.http:read_http"),
+    read_http=lazy("kvforensics.collectors.vllm.http:read_http"),
 )

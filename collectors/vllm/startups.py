@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Set, Tuple
 
-from collectors.events import EngineStartup, LogEvent, StartupBook, segment
-from collectors.vllm.log import parse_line
+from kvforensics.collectors.events import EngineStartup, LogEvent, StartupBook, segment
+from kvforensics.collectors.vllm.log import parse_line
 
 _LAUNCH_KINDS = ("engine_config", "args")
 _ONCE_PER_WORKER = ("weights", "budget", "breakdown", "global_profile", "available_kv", "profile_begin")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from agent.sglang.analysis import Analysis
-from agent.sglang.ledger import RankLedger, RunnerLedger
-from reports.json_report import finding_dict, recommendation_dict, redact, verdict_dict
+from kvforensics.agent.sglang.analysis import Analysis
+from kvforensics.agent.sglang.ledger import RankLedger, RunnerLedger
+from kvforensics.reports.json_report import finding_dict, recommendation_dict, redact, verdict_dict
 
 RUNNER_KEYS = ("dist_init_bytes", "pre_load_avail_bytes", "weights_bytes", "post_load_avail_bytes",
                "kv_tokens", "kv_bytes", "bytes_per_token", "pool_end_avail_bytes", "graph_bytes",

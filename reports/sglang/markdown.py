@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import List
 
-from agent.sglang.analysis import Analysis
-from agent.sglang.rules import reserve_breakdown
-from reports import terminal
-from reports.markdown import escape, plain, table
-from reports.sglang import terminal as sglang_terminal
+from kvforensics.agent.sglang.analysis import Analysis
+from kvforensics.agent.sglang.rules import reserve_breakdown
+from kvforensics.reports import terminal
+from kvforensics.reports.markdown import escape, plain, table
+from kvforensics.reports.sglang import terminal as sglang_terminal
 
 
 def markdown(a: Analysis) -> List[str]:

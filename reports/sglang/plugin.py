@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Tuple
 
-from collectors.registry import lazy
-from reports.plugin import EngineView
-from reports.sglang import json_report
+from kvforensics.collectors.registry import lazy
+from kvforensics.reports.plugin import EngineView
+from kvforensics.reports.sglang import json_report
 
 
 def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
@@ -17,6 +17,7 @@ def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
 
 
 # The renderers are imported when a format draws them (analyze --json never does).
-ENGINE = EngineView(name="sglang", terminal=lazy("reports.sglang.terminal:render"), json_target=json_report.target_dict,
-                    markdown=lazy("reports.sglang.markdown:markdown"), kv_pool_by_rank=kv_pool_by_rank,
-                    brief=lazy("reports.sglang.terminal:brief"))
+ENGINE = EngineView(name="sglang", terminal=lazy("kvforensics.reports.sglang.terminal:render"),
+                    json_target=json_report.target_dict,
+                    markdown=lazy("kvforensics.reports.sglang.markdown:markdown"), kv_pool_by_rank=kv_pool_by_rank,
+                    brief=lazy("kvforensics.reports.sglang.terminal:brief"))

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent.sglang.analysis import Analysis
-from agent.sglang.ledger import RankLedger, RunnerLedger
-from agent.sglang.rules import reserve_breakdown
-from reports import fit
-from reports.fit import NOTES, Col
-from reports.labels import LEDGER_GLYPHS
-from reports.terminal import (
+from kvforensics.agent.sglang.analysis import Analysis
+from kvforensics.agent.sglang.ledger import RankLedger, RunnerLedger
+from kvforensics.agent.sglang.rules import reserve_breakdown
+from kvforensics.reports import fit
+from kvforensics.reports.fit import NOTES, Col
+from kvforensics.reports.labels import LEDGER_GLYPHS
+from kvforensics.reports.terminal import (
     BAR_CELLS,
     FREE_CELL,
     Segment,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from reports.json_report import finding_dict, recommendation_dict, redact, verdict_dict
+from kvforensics.reports.json_report import finding_dict, recommendation_dict, redact, verdict_dict
 
 # The figures of a rank, in bytes or counts (null when the log does not say), each with its source line.
 RANK_FIELDS = ("weights_bytes", "kv_cache_bytes", "kv_tokens", "tokens_per_block", "primary_blocks",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Tuple
 
-from agent.model.kinds import ItemKind
-from collectors.registry import lazy
-from reports.plugin import EngineView
-from reports.trtllm import json_report
+from kvforensics.agent.model.kinds import ItemKind
+from kvforensics.collectors.registry import lazy
+from kvforensics.reports.plugin import EngineView
+from kvforensics.reports.trtllm import json_report
 
 
 def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
@@ -18,6 +18,6 @@ def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
             yield g.rank, kv
 
 
-ENGINE = EngineView(name="trtllm", terminal=lazy("reports.trtllm.terminal:render"),
+ENGINE = EngineView(name="trtllm", terminal=lazy("kvforensics.reports.trtllm.terminal:render"),
                     json_target=json_report.target_dict, kv_pool_by_rank=kv_pool_by_rank,
-                    brief=lazy("reports.trtllm.terminal:brief"))
+                    brief=lazy("kvforensics.reports.trtllm.terminal:brief"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from reports.json_report import finding_dict, recommendation_dict, redact, verdict_dict
+from kvforensics.reports.json_report import finding_dict, recommendation_dict, redact, verdict_dict
 
 
 def _worker(w: Any) -> Dict[str, Any]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Tuple
 
-from agent.model.kinds import ItemKind
-from collectors.registry import lazy
-from reports.plugin import EngineView
-from reports.vllm import json_report
+from kvforensics.agent.model.kinds import ItemKind
+from kvforensics.collectors.registry import lazy
+from kvforensics.reports.plugin import EngineView
+from kvforensics.reports.vllm import json_report
 
 
 def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
@@ -19,5 +19,6 @@ def kv_pool_by_rank(insp: Any) -> Iterable[Tuple[str, int]]:
 
 
 # The renderers are imported when a format draws them (analyze --json never does).
-ENGINE = EngineView(name="vllm", terminal=lazy("reports.vllm.terminal:render"), json_target=json_report.target_dict,
-                    kv_pool_by_rank=kv_pool_by_rank, brief=lazy("reports.vllm.terminal:brief"))
+ENGINE = EngineView(name="vllm", terminal=lazy("kvforensics.reports.vllm.terminal:render"),
+                    json_target=json_report.target_dict,
+                    kv_pool_by_rank=kv_pool_by_rank, brief=lazy("kvforensics.reports.vllm.terminal:brief"))

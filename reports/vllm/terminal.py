@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from reports.fit import NOTES, Col
-from reports.terminal import gib_cell, print_table, say
+from kvforensics.reports.fit import NOTES, Col
+from kvforensics.reports.terminal import gib_cell, print_table, say
 
 # (header, field, shorter header where 80 columns need it: spelt out under the table)
 COLUMNS = (("total", "total_gpu_bytes", ""), ("budget T·u", "requested_bytes", "T·u"),

@@ -575,7 +575,7 @@ def test_worked_examples_from_the_wheels():
     ("main", (None, None)),  # not a version: no bound
 ])
 def test_the_engine_banner_bounds_the_release(banner, bounds):
-    from agent.vllm.analysis import _banner_bounds
+    from kvforensics.agent.vllm.analysis import _banner_bounds
 
     assert _banner_bounds(banner, None, None) == bounds
 
@@ -729,9 +729,9 @@ def test_v1_c_tp2_room_without_nccl_figures_is_an_upper_bound():
     environment): NCCL and custom all-reduce buffers are outside the budget, and no INFO line prints them, so
     a TP>1 ceiling of T·u + the context (+ graphs outside: 0.11 captures after the KV cache) is a lower bound
     on the process and the room an upper bound, said in its 'how'."""
-    from agent.model.records import Options
-    from agent.vllm.analysis import CUDA_CONTEXT_BYTES, build_analysis
-    from collectors.vllm.startups import segment_lines
+    from kvforensics.agent.model.records import Options
+    from kvforensics.agent.vllm.analysis import CUDA_CONTEXT_BYTES, build_analysis
+    from kvforensics.collectors.vllm.startups import segment_lines
 
     lines = _tp2_v1_c()
     a = build_analysis(segment_lines([(i + 1, 0, x) for i, x in enumerate(lines)])[0], "t", Options())

@@ -1,5 +1,0 @@
-"""``python -m agent`` runs the kvforensics CLI."""
-
-from agent.cli import entry
-
-entry()

@@ -1,0 +1,5 @@
+"""``python -m kvforensics`` runs the kvforensics CLI."""
+
+from kvforensics.agent.cli import entry
+
+entry()
