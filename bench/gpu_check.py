@@ -29,9 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvforensics.collectors import nvml  # noqa: E402
-
 from bench.common import CUDA_CONTEXT_PROGRAM  # noqa: E402
+from kvforensics.collectors import nvml  # noqa: E402
 
 MIB = 1 << 20
 ALLOC_BYTES = int(os.environ.get("KVF_GPU_CHECK_BYTES", 4 << 30))

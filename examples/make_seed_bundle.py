@@ -20,7 +20,6 @@ sys.path.insert(0, str(ROOT))
 
 from kvforensics.agent.remote.bundles import save  # noqa: E402
 from kvforensics.collectors import snapshot  # noqa: E402
-
 from tests.fakenode import FakeNode, build_fake_nvml  # noqa: E402
 
 GIB = 1 << 30

@@ -9,6 +9,7 @@ import random
 import threading
 
 import pytest
+
 from kvforensics.collectors import backsearch
 
 NEEDLES = (b"Model loading took", b"# GPU blocks: ", b"KV cache")

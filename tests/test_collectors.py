@@ -7,11 +7,11 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from kvforensics.collectors import engine_http, engine_logs, host_memory, procfs
 from kvforensics.collectors.redact import REDACTED, redact_argv, redact_mapping
 from kvforensics.collectors.sglang import http as sglang_http
 from kvforensics.collectors.sglang import processes as sglang_processes
-
 from tests.conftest import ROOT, SEED_LOG
 
 
@@ -268,7 +268,6 @@ def test_probe_written_for_review_runs_by_hand(tmp_path):
     import sys
 
     from kvforensics.agent.remote import probe
-
     from tests.conftest import run_cli
 
     out = tmp_path / "probe.py"

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kvforensics.collectors import engine_http, engine_logs, netns, pods, procfs
 
+from kvforensics.collectors import engine_http, engine_logs, netns, pods, procfs
 from tests import kubelet
 from tests.conftest import ROOT, run_cli
 from tests.kubelet import Node, Pod, cri_record, why_not

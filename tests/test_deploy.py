@@ -343,11 +343,12 @@ def test_the_scenarios_series_are_what_kvforensics_exports():
     import json
     import re
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     from kvforensics.agent.history.store import GpuLowWater
     from kvforensics.agent.model.reconcile import inspect_snapshot
     from kvforensics.agent.model.records import Options
     from kvforensics.reports import prometheus
-    from prometheus_client.parser import text_string_to_metric_families
 
     insp = inspect_snapshot(json.loads((ROOT / "examples" / "seed-node.json").read_text()), "local:n1", Options())
     lows = {g.index: GpuLowWater(gpu=g.index, uuid=g.uuid, rank=g.rank, samples=1, min_free_bytes=g.free_bytes,

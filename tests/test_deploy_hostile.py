@@ -238,7 +238,6 @@ def test_the_packaged_exporter_started_by_another_user_or_a_copy_of_it_is_not_be
 def test_a_newline_in_a_trusted_exporters_flag_is_refused_not_written(tmp_path):
     """Even root's own exporter (here a fake host's, root-owned) cannot put a second line into the cron file."""
     from kvforensics.agent.cli import deploy_files as df
-
     from tests.test_deploy import _fake_host
 
     root = _fake_host(tmp_path, "ID=debian\n", None, [(77, ["/usr/bin/node_exporter",
@@ -249,7 +248,6 @@ def test_a_newline_in_a_trusted_exporters_flag_is_refused_not_written(tmp_path):
 
 def test_a_settings_file_another_user_can_write_is_not_read(tmp_path):
     from kvforensics.agent.cli import deploy_files as df
-
     from tests.test_deploy import _fake_host
 
     root = Path(_fake_host(tmp_path, "ID=debian\n", {"etc/default/prometheus-node-exporter":

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
+
 from kvforensics.collectors import engine_http, exposition, loopback
 from kvforensics.collectors.vllm import metrics as vllm_metrics
-
 from tests.conftest import FIXTURES
 from tests.loopback_http import serving
 

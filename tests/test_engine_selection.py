@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import pytest
+
 from kvforensics.agent.cli import main
 from kvforensics.collectors import selection, snapshot
 from kvforensics.collectors.selection import EngineSelector, SelectorError

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+
 from kvforensics.agent.model import evidence
 from kvforensics.agent.remote import bundles
-
 from tests.conftest import EACH_FORMAT, ROOT, run_cli, run_in_each_format
 from tests.test_fuzz_logs import mutate as mutate_log
 from tests.test_log_memory import PEAK

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Callable, List
 
 import pytest
+
 from kvforensics.agent.sglang import budget
 from kvforensics.collectors.vllm.log import parse_line as vllm_parse_line
 from kvforensics.collectors.vllm.log import split_record
-
 from tests.conftest import EACH_FORMAT, FIXTURES, ROOT, SEED_LOG, run_cli, run_in_each_format
 
 LOGS = sorted(FIXTURES.glob("real_*/*.log")) + sorted((ROOT / "examples").glob("*.log"))

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict
 
 import pytest
-from kvforensics.agent.history import store as history
 
+from kvforensics.agent.history import store as history
 from tests.conftest import ROOT, run_cli
 
 SEED_NODE = ROOT / "examples" / "seed-node.json"

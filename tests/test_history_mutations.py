@@ -90,6 +90,7 @@ class _replaying:
 
     def __enter__(self) -> "_replaying":
         import typer
+
         from kvforensics.collectors import snapshot
 
         self.saved = snapshot.collect_each, typer.main.get_command
@@ -99,6 +100,7 @@ class _replaying:
 
     def __exit__(self, *exc: object) -> None:
         import typer
+
         from kvforensics.collectors import snapshot
 
         snapshot.collect_each, typer.main.get_command = self.saved

@@ -1,7 +1,7 @@
 """What `kvforensics analyze LOG --json` may import: a command pays only for what it uses.
 
-Measured with ``python -X importtime`` (bench/RESULTS.md, 2026-12-01): typer itself (~25 ms) parses
-command lines agent/cli/fastparse.py reads exactly, and its pydantic adapters (pydantic, pydantic_core,
+Measured with ``python -X importtime`` (bench/RESULTS.md, 2026-12-01): typer (~25 ms, with the click it
+vendors) reads every command line and is not listed; its pydantic adapters (pydantic, pydantic_core,
 annotated_types: ~50–80 ms) coerce option values we can coerce with the stdlib; rich (~30 ms) draws
 help and tracebacks nobody sees in JSON; jsonschema (~40 ms with its referencing/rpds stack) checks
 documents analyze does not read; paramiko/cryptography (SSH), prometheus_client, sqlite3 (history) and
@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 HEAVY = (
-    "typer", "click",  # the command line read by agent/cli/fastparse.py: typer only for help and mistakes
+    "click",  # typer 0.2x vendors its own (typer._click): a second click would be a second parser
     "pydantic", "pydantic_core", "annotated_types",  # typer's coercion
     "rich",  # help and tracebacks
     "jsonschema", "referencing", "rpds",  # schema checks
@@ -138,7 +138,6 @@ def test_what_record_types_unchecked_conforms(tmp_path, monkeypatch):
     finds nothing: evidence.Collected); here the check runs on exactly what they collect."""
     from kvforensics.agent.cli.record import collector
     from kvforensics.agent.model import evidence
-
     from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 
     build_fake_nvml()

@@ -12,9 +12,9 @@ import math
 import re
 
 import pytest
+
 from kvforensics.collectors import engines
 from kvforensics.collectors.vllm import processes as vllm_processes
-
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, GIB, MIB, TOTAL, FakeNode, FakeVllmNode, build_fake_nvml
 

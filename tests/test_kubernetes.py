@@ -132,6 +132,7 @@ def test_the_objects_point_at_each_other():
 def _serve_params(args: List[str]) -> Dict[str, Any]:
     """The DaemonSet's arguments as the real CLI parses them (an unknown option fails here)."""
     import typer
+
     from kvforensics.agent.cli import app
 
     assert args[0] == "serve"

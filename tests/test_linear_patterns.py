@@ -10,6 +10,7 @@ import time
 from typing import Dict, Tuple
 
 import pytest
+
 from kvforensics.collectors import lineformat
 from kvforensics.collectors.lineformat import LineFormat
 from kvforensics.collectors.sglang import formats as sglang_formats
@@ -18,7 +19,6 @@ from kvforensics.collectors.trtllm import formats as trtllm_formats
 from kvforensics.collectors.trtllm import log as trtllm_log
 from kvforensics.collectors.vllm import formats as vllm_formats
 from kvforensics.collectors.vllm import log as vllm_log
-
 from tests.conftest import FIXTURES, ROOT
 
 RUN = 200_000

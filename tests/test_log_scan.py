@@ -8,7 +8,6 @@ import random
 from kvforensics.collectors import logfile
 from kvforensics.collectors.logfile import read_log
 from kvforensics.collectors.plugin import ENGINES
-
 from tests import logbuilder as lb
 
 ARGS = {"model_path": "/m", "mem_fraction_static": 0.85, "tp_size": 2, "page_size": 1, "speculative_algorithm": None}

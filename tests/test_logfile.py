@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+
 from kvforensics.collectors import logfile
 from kvforensics.collectors.logfile import LogReadError, read_log
-
 from tests import logbuilder as lb
 from tests.conftest import ROOT, SEED_LOG, run_cli, run_json
 

@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from kvforensics.agent.sglang.kv_geometry import GeometryError, geometry
 
+from kvforensics.agent.sglang.kv_geometry import GeometryError, geometry
 from tests import logbuilder as lb
 from tests.conftest import GIB, gib, run_json
 

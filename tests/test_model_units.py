@@ -19,7 +19,6 @@ from kvforensics.agent.sglang.era import Era, detect
 from kvforensics.agent.sglang.ledger import RankLedger, RunnerLedger, runner_ledger
 from kvforensics.collectors.sglang.log import parse_lines
 from kvforensics.collectors.sglang.startups import segment_lines
-
 from tests.conftest import GIB
 
 V = (0, 5, 8)

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Dict, Iterator, Set, Tuple
 
 import pytest
+
 from kvforensics.agent.plugin import ENGINES as MODELS
 from kvforensics.collectors.plugin import ENGINES as COLLECTORS
 from kvforensics.reports.plugin import VIEWS
-
 from tests import toy_engine
 from tests.conftest import ROOT, run_cli
 

@@ -15,12 +15,12 @@ import os
 from pathlib import Path
 
 import pytest
+
 from kvforensics.agent.model import evidence
 from kvforensics.agent.model.live import Inspection
 from kvforensics.agent.model.reconcile import inspect_snapshot
 from kvforensics.agent.model.records import Options
 from kvforensics.reports import prometheus
-
 from tests.conftest import run_cli
 from tests.fakenode import FAKE_LIB, build_fake_nvml
 from tests.kubelet import Node, Pod, PodVllmNode, decoy, merge_scenarios, run_in_node, why_not

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pynvml
 import pytest
+
 from kvforensics.agent.remote import probe
 from kvforensics.agent.remote.shake import shake
 from kvforensics.collectors import nvml
-
 from tests.fakenode import FAKE_LIB, ROOT, build_fake_nvml
 
 SCENARIO = """driver 580.95.05

@@ -7,11 +7,11 @@ import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kvforensics.agent.model.analyze import analyze_startup
 from kvforensics.agent.model.records import Options
 from kvforensics.collectors.sglang.log import GIB, parse_line
 from kvforensics.collectors.sglang.startups import StartupSegmenter
-
 from tests.conftest import SEED_LOG
 
 SEED_LINES = SEED_LOG.read_text(encoding="utf-8").splitlines()

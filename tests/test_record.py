@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kvforensics.agent.history import store as history
 
+from kvforensics.agent.history import store as history
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, GIB, FakeNode, build_fake_nvml
 from tests.loopback_http import serving

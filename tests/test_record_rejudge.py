@@ -9,7 +9,6 @@ import json
 from kvforensics.agent.history.store import GpuLowWater, RunStats
 from kvforensics.agent.model.reconcile import inspect_snapshot, with_history
 from kvforensics.agent.model.records import Options
-
 from tests.conftest import ROOT
 
 GIB = 1 << 30

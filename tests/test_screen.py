@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from kvforensics.reports.fit import CUT_FIGURE
 
+from kvforensics.reports.fit import CUT_FIGURE
 from tests.conftest import FIXTURES, ROOT, SEED_CONFIG, run_cli
 
 WIDTH, ROWS = 80, 40

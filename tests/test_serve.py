@@ -16,9 +16,9 @@ import urllib.request
 from typing import Dict, List, Tuple
 
 import pytest
+
 from kvforensics.agent.history import serve as serving
 from kvforensics.agent.history import store as history
-
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
 

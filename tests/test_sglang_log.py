@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 import pytest
+
 from kvforensics.collectors.logfile import keywords_for
 from kvforensics.collectors.sglang.log import GB, GIB, parse_line, split_records
-
 from tests.conftest import FIXTURES
 
 

@@ -11,11 +11,11 @@ import tracemalloc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvforensics.collectors import engine_logs, logfile, shipping
 from kvforensics.collectors.logfile import read_log
 from kvforensics.collectors.plugin import ENGINES
 from kvforensics.collectors.shipping import CriJoiner, Joined, looks_cri, unwrap
-
 from tests import logbuilder as lb
 from tests import shippers
 from tests.conftest import ROOT, SEED_LOG, run_cli

@@ -631,12 +631,11 @@ def test_every_failed_target_is_said_in_one_line(env, server, keys, closed_ports
     assert code == 3, err
     lines = ["kvforensics: {}: {}: {}".format(*f) for f in failures]
     if fmt in ("terminal", "markdown"):
-        from kvforensics.reports.failures import short_reason
+        from kvforensics.reports.failures import failure_line
 
-        # said once, on stderr, short (the table gives the status only); the whole message with -v
-        short = ["kvforensics: {}: {}: {}".format(target, status, short_reason(status, "ssh." + status, message))
-                 for target, status, message in failures]
-        assert err.splitlines() == short and all(len(line) <= 100 for line in short)
+        # said once, on stderr, in 80 columns (the table gives the status only); the whole message with -v
+        short = [failure_line(target, status, "ssh." + status, message) for target, status, message in failures]
+        assert err.splitlines() == short and all(len(line) <= 80 for line in short), short
         assert not any(message in out for _, _, message in failures)
         assert run_cli(argv + ["-v"])[2].splitlines() == lines
         assert (out == "") is (not several)  # one target: no table; several: the table, and the lines above

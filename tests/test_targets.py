@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kvforensics.agent.remote.targets import expand_targets
 
+from kvforensics.agent.remote.targets import expand_targets
 from tests.conftest import run_cli
 
 

@@ -5,6 +5,7 @@ spawned workers)."""
 from __future__ import annotations
 
 import pytest
+
 from kvforensics.collectors import engines
 from kvforensics.collectors.trtllm import processes
 

@@ -5,10 +5,9 @@ Heavy modules (rich, the model, paramiko) are imported inside commands so ``--he
 ``main()`` imports only the command it runs (``COMMANDS`` names each one's module): ``analyze`` never
 loads inspect's SSH and rendering stack. ``app`` (every command) is built on first use.
 
-Each command declares its parameters once (agent/cli/params.py). Typer is the command line: its help, its
-shell completion, its error messages. A command line that ``fastparse`` reads exactly (the common ones: a
-cron's ``record``, ``analyze LOG --json``) runs without importing typer, ~25 ms of a ~0.1 s command;
-every other one, and every mistake, goes through typer.
+Each command declares its parameters once (agent/cli/params.py). Typer is the command line, the one reader
+of every argument: its help, its shell completion, its error messages. Only the command that runs is built
+(``build(only=…)``): typer reads its parameters, not every command's.
 
 Typer 0.2x coerces every parameter's value through a pydantic TypeAdapter, which costs a command
 ~50–80 ms of imports before it does anything. ``_fast_coercion`` gives the plain types our commands
@@ -20,10 +19,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
-from kvforensics.agent.cli import exitcodes, fastparse
+from kvforensics.agent.cli import exitcodes
 from kvforensics.agent.cli.options import UsageProblem
 from kvforensics.agent.cli.params import ExitStatus, Option, declared
 
@@ -171,6 +171,12 @@ def _readable_metavars(command) -> None:  # type: ignore[no-untyped-def]
         _readable_metavars(sub)
 
 
+# The texts whose value every reader agrees on (click's int(), pydantic's lax mode): digits, a sign, a
+# decimal point, an exponent. " 7", "1_000", "0x10", "inf" are left to pydantic.
+INT_TEXT = re.compile(r"[+-]?[0-9]+\Z")
+FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
+
+
 def _plain(annotation: Any, value: Any) -> Any:
     """What pydantic's lax mode makes of ``value`` for a plain type, or ``_PYDANTIC`` where unsure."""
     if annotation is bool:
@@ -180,14 +186,14 @@ def _plain(annotation: Any, value: Any) -> Any:
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        return int(value) if isinstance(value, str) and fastparse.INT_TEXT.match(value) else _PYDANTIC
+        return int(value) if isinstance(value, str) and INT_TEXT.match(value) else _PYDANTIC
     if annotation == List[str]:  # a variadic argument (inspect's HOST…): click hands a tuple of str
         return list(value) if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value) \
             else _PYDANTIC
     if annotation is float:
         if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
             return float(value)
-        return float(value) if isinstance(value, str) and fastparse.FLOAT_TEXT.match(value) else _PYDANTIC
+        return float(value) if isinstance(value, str) and FLOAT_TEXT.match(value) else _PYDANTIC
     return _PYDANTIC
 
 
@@ -269,19 +275,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _run(args: List[str]) -> int:
-    """The command's exit status: run directly when fastparse reads its command line, else through typer."""
-    name = _chosen(args)
-    if name is not None:
-        func = command_function(name)
-        kwargs = fastparse.parse(func, args[1:])
-        if kwargs is not None:
-            return _status(func(**kwargs))
-    return _with_typer(args, name)
-
-
-def _with_typer(args: List[str], name: Optional[str]) -> int:
+    """The command's exit status, its command line read by typer."""
     import typer
 
+    name = _chosen(args)
     try:
         command = typer.main.get_command(build(name))
         _readable_metavars(command)

@@ -473,15 +473,17 @@ def _render(settings: InspectSettings, results: List[Result]) -> None:
 
 def _say_failures(results: List[Result], detail: bool) -> None:
     """One line on stderr per target that could not be collected, said once (the fleet table gives its status
-    only): short, with the one thing to do (reports/failures.py); the whole message with -v. JSON and oneline
-    carry the whole message in their own rows."""
-    from kvforensics.reports.failures import short_reason
+    only): at most 80 columns, with the one thing to do (reports/failures.py); the whole message with -v. JSON
+    and oneline carry the whole message in their own rows."""
+    from kvforensics.reports.failures import failure_line
 
     for r in results:
         if isinstance(r, TargetFailure):
-            short = not detail and r.target.startswith("ssh:")  # a pod's kubectl message is one short line already
-            message = short_reason(r.status, r.code, r.message) if short else " ".join(r.message.split())
-            sys.stderr.write("kvforensics: {}: {}: {}\n".format(r.target.split(":", 1)[-1], r.status, message))
+            host = r.target.split(":", 1)[-1]
+            if detail:
+                sys.stderr.write("kvforensics: {}: {}: {}\n".format(host, r.status, " ".join(r.message.split())))
+            else:
+                sys.stderr.write(failure_line(host, r.status, r.code, r.message) + "\n")
 
 
 def _exit_code(settings: InspectSettings, results: List[Result]) -> int:

@@ -2,9 +2,9 @@
 
 A command is a plain function whose parameters are annotated ``Annotated[T, Option("--name", help=...)]``
 (or ``Argument(...)``). These are records of what typer's ``Option`` / ``Argument`` would be called with:
-``agent/cli/__init__.py`` hands them to typer when it builds the app (help, completion, every error
-message), and ``agent/cli/fastparse.py`` reads the same records to run the common invocations without
-loading typer at all (~25 ms of a ~0.1 s command, bench/RESULTS.md). One declaration, two readers.
+``agent/cli/__init__.py`` hands them to typer when it builds the one command that runs (help, completion,
+every error message). Typer reads the command line; the command modules stay importable without it (a
+test calls a command's function directly, the docs list its parameters).
 
 A command that ends with a status other than 0 raises ``ExitStatus`` (typer's ``Exit`` needs typer).
 """

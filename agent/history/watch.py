@@ -7,12 +7,13 @@ from typing import Optional
 
 
 def run(interval: float, count: int, nvml_lib: Optional[str], http: bool, color: bool) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
     from kvforensics.agent.model.reconcile import inspect_snapshot
     from kvforensics.agent.model.records import Options
     from kvforensics.collectors import snapshot
     from kvforensics.reports import watch_view
-    from rich.console import Console
-    from rich.live import Live
 
     looks = watch_view.Looks()
     console = Console(force_terminal=color, no_color=not color, highlight=False)

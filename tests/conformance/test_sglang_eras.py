@@ -16,9 +16,9 @@ import math
 from typing import Dict, List
 
 import pytest
+
 from kvforensics.agent.sglang.era import Era
 from kvforensics.agent.sglang.kv_geometry import geometry
-
 from tests.conftest import GIB, run_cli, run_json
 
 PRE, POST, MFS = 80.0, 40.0, 0.88
