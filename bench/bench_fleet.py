@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import append, ssh_fleet  # noqa: E402
+from bench.common import append, installed_python, ssh_fleet  # noqa: E402
 from tests.sshd import Sshd, keygen  # noqa: E402
 
 HOSTS = int(os.environ.get("KVF_BENCH_HOSTS", "32"))
@@ -54,7 +54,9 @@ def _timed(cmd: List[str], sshd_pid: int, stdin: bytes, env: Dict[str, str]) -> 
     host_before = _children_cpu(sshd_pid)
     out = tempfile.TemporaryFile()
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=str(ROOT), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.PIPE, env=env)
+    # not the checkout: `-m kvforensics` from there would import its sources, not the installed package
+    proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.PIPE,
+                            env=env)
     proc.stdin.write(stdin)
     proc.stdin.close()
     err = proc.stderr.read()
@@ -85,11 +87,9 @@ def main() -> int:
     try:
         cfg, aliases, env = ssh_fleet(work, server, key, HOSTS)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # measure what an installed user runs: cached bytecode
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "kvforensics", "agent", "collectors", "reports"],
-                       cwd=str(ROOT),
-                       check=True, stdout=subprocess.DEVNULL)
+        python = installed_python(ROOT, work)  # as users run it: pip's install, bytecode compiled
         env["KVFORENSICS_SSH_CONTROL_DIR"] = control
-        kvf_cmd = [sys.executable, "-m", "kvforensics", "inspect", "--ssh-config", str(cfg), "--parallel",
+        kvf_cmd = [str(python), "-m", "kvforensics", "inspect", "--ssh-config", str(cfg), "--parallel",
                    str(PARALLEL),
                    "--no-http", "--json", "--fail-on", "never", "--timeout", "600", "--transport", TRANSPORT,
                    "--multiplex" if MULTIPLEX else "--no-multiplex", *aliases]  # as ssh: no deadline
@@ -125,10 +125,10 @@ def _table(kvf: List[Dict[str, float]], ssh: List[Dict[str, float]], sent: int, 
     return [
         "| {} loopback targets, {} at a time | wall (median) | best | ratio (medians) | client CPU | host CPU "
         "| client peak RSS |".format(HOSTS, PARALLEL), "|---|---|---|---|---|---|---|",
-        "| `kvforensics inspect --parallel {} --json` (probe runs every collector) | {:.2f} s | {:.2f} s | {:.2f} "
-        "| {:.2f} s | {:.2f} s | {:.0f} MB |".format(PARALLEL, med(kvf, "wall"), min(r["wall"] for r in kvf),
-                                                     med(kvf, "wall") / peer, med(kvf, "cpu"), med(kvf, "host_cpu"),
-                                                     max(r["rss"] for r in kvf) / 1e6),
+        "| `kvforensics inspect --parallel {} --json` (pip-installed; the probe runs every collector) | {:.2f} s "
+        "| {:.2f} s | {:.2f} | {:.2f} s | {:.2f} s | {:.0f} MB |".format(
+            PARALLEL, med(kvf, "wall"), min(r["wall"] for r in kvf), med(kvf, "wall") / peer, med(kvf, "cpu"),
+            med(kvf, "host_cpu"), max(r["rss"] for r in kvf) / 1e6),
         "| `xargs -P {} ssh HOST python3 -c pass` (OpenSSH) | {:.2f} s | {:.2f} s | 1.00 | {:.2f} s | {:.2f} s "
         "| — |".format(PARALLEL, peer, min(r["wall"] for r in ssh), med(ssh, "cpu"), med(ssh, "host_cpu")),
         "", "Per host: one exec round trip, {:,} bytes sent (the probe: collectors + pynvml, one xz stream, base64). "

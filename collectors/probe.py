@@ -16,8 +16,6 @@ import signal
 import sys
 from typing import Any, Dict
 
-from kvforensics.collectors import snapshot
-
 MARKER = "KVF-PROBE "
 VERSION = 1
 ALLOWED = ("nvml_lib", "log", "startup", "model_config_path", "http", "engine")
@@ -33,6 +31,8 @@ def run(options: Dict[str, Any], code_sha256: str) -> int:
         # A probe that hangs (a stuck NVML call, an NFS log) ends itself: nothing is left running
         # on the inspected host after the client gave up on it.
         signal.alarm(int(limit) + 5)
+    from kvforensics.collectors import snapshot  # here: the client imports this module for its constants alone
+
     kwargs = {k: v for k, v in options.items() if k in ALLOWED}
     snap = snapshot.collect(**kwargs)
     body = canonical(snap)

@@ -17,6 +17,7 @@ else (and every value it would reject, so the error message is typer's own) to t
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import re
@@ -267,11 +268,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as exc:  # noqa: BLE001 — the one place that turns bugs into exit 4
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's UsageError family
             return _usage_error(exc)
+        if isinstance(exc, OSError) and exc.errno in _FULL:  # the report's own stdout: `> file` on a full disk
+            sys.stderr.write("kvforensics: error: the output could not be written: {}\n".format(exc.strerror))
+            return exitcodes.EXIT_USAGE
         if os.environ.get("KVFORENSICS_DEBUG"):
             raise
         sys.stderr.write("kvforensics: internal error: {}: {} (rerun with KVFORENSICS_DEBUG=1 for a "
                          "traceback, and please report it)\n".format(type(exc).__name__, exc))
         return exitcodes.EXIT_INTERNAL
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _run(args: List[str]) -> int:
@@ -305,4 +312,21 @@ def _usage_error(exc: Exception) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    """The console script and ``python -m kvforensics``: ``main()``, then out without the interpreter's teardown.
+
+    Freeing every module's objects after the answer is written took ~30 ms of a one-host ``inspect`` (strace:
+    the last write, then 29 ms of CPU before exit_group): the shell waited for nothing. What a normal exit does
+    that matters is done here: the threads still running are joined, the atexit handlers run, stdout and stderr
+    are flushed; then the process ends with the command's status."""
+    code = main()
+    import atexit
+    import threading
+
+    getattr(threading, "_shutdown", lambda: None)()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away (BrokenPipeError), a closed stream
+            pass
+    os._exit(code)

@@ -41,7 +41,6 @@ from kvforensics.agent.cli.options import (
     use_color,
 )
 from kvforensics.agent.cli.params import Argument, ExitStatus, Option
-from kvforensics.agent.model.evidence import Collected
 from kvforensics.agent.model.live import Inspection, TargetFailure, TargetResult
 
 if TYPE_CHECKING:
@@ -289,8 +288,6 @@ def _save_bundle(path: str, entries: List[Entry]) -> None:
 
 def _collect_targets(names: List[str], settings: InspectSettings, early: Early) -> List[Entry]:
     """Remote hosts first, all at once over SSH; then this machine where it is named; entries in the order named."""
-    from kvforensics.collectors import snapshot
-
     remote = [t for t in names if t not in LOCAL_NAMES and not t.startswith("k8s:")]
     pods = [t for t in names if t.startswith("k8s:")]
     by_name = _collect_remote(remote, settings, early) if remote else {}
@@ -298,6 +295,9 @@ def _collect_targets(names: List[str], settings: InspectSettings, early: Early) 
     entries = []
     for name in names:
         if name in LOCAL_NAMES:
+            from kvforensics.agent.model.evidence import Collected
+            from kvforensics.collectors import snapshot
+
             # this process's own collectors: typed without the schema check (evidence.Collected, as record does)
             snap = Collected(snapshot.collect(**settings.probe_options()))
             entries.append(("local:{}".format(snap.get("hostname")), snap, None))
@@ -319,7 +319,6 @@ def _collect_remote(remote: List[str], settings: InspectSettings, early: Early) 
     from kvforensics.agent.remote.outcome import SshError
 
     progress, stop = fleet.progress_printer(len(remote))
-    _warm_up(settings.fmt)
 
     def done(r: HostResult) -> None:
         progress(r)
@@ -327,7 +326,7 @@ def _collect_remote(remote: List[str], settings: InspectSettings, early: Early) 
             early[id(r.snapshot)] = (r.snapshot, _analyse_one(settings, "ssh:" + r.target, r.snapshot))
 
     try:
-        results = fleet.run(remote, fleet_options, done)
+        results = fleet.run(remote, fleet_options, done, while_waiting=lambda: _warm_up(settings.fmt))
     except SshError as exc:  # the ssh config itself is refused (Match exec): nothing was contacted
         raise UsageProblem(exc.message) from None
     finally:
@@ -376,28 +375,22 @@ def _analyse(settings: InspectSettings, entries: List[Entry], early: Early) -> L
 
 
 def _warm_up(fmt: str) -> None:
-    """Import what analysing and reporting a host need while its ssh handshake runs (the thread waiting on ssh
-    holds no GIL): the first answer is then analysed at once, not after ~0.1 s of imports."""
+    """Import what analysing and reporting a host need while its ssh handshake runs (fleet.run calls it once the
+    first ssh has started, so it never delays one; the threads waiting on ssh hold no GIL): the first answer is
+    then analysed at once, not after ~0.1 s of imports."""
     import importlib
-    import threading
 
-    names = ["kvforensics.agent.model.evidence", "jsonschema", "kvforensics.agent.model.reconcile",
-             "kvforensics.agent.model.rulebook",
-             "kvforensics.agent.model.verdict",
-             "kvforensics.reports.json_report" if fmt == "json" else "kvforensics.reports.terminal"]
+    from kvforensics.agent.model import evidence
+    from kvforensics.agent.plugin import ENGINES
 
-    def load() -> None:
-        from kvforensics.agent.model import evidence
-        from kvforensics.agent.plugin import ENGINES
-
-        evidence._validator("snapshot")  # built on first use (the schema read, its validator made): now
-        for name in names:
-            importlib.import_module(name)
-        for engine in ENGINES.all():  # every engine's analysis: which one a host runs is not known yet
-            getattr(engine.build_analysis, "where", None) and importlib.import_module(
-                engine.build_analysis.where.split(":")[0])
-
-    threading.Thread(target=load, name="kvforensics-warm-up", daemon=True).start()
+    evidence._validator("snapshot")  # built on first use (the schema read, its validator made): now
+    for name in ("kvforensics.agent.model.reconcile", "kvforensics.agent.model.rulebook",
+                 "kvforensics.agent.model.verdict",
+                 "kvforensics.reports.json_report" if fmt == "json" else "kvforensics.reports.terminal"):
+        importlib.import_module(name)
+    for engine in ENGINES.all():  # every engine's analysis: which one a host runs is not known yet
+        getattr(engine.build_analysis, "where", None) and importlib.import_module(
+            engine.build_analysis.where.split(":")[0])
 
 
 def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -> Result:

@@ -180,9 +180,9 @@ def analysis_options(margin: str, request_tokens: int) -> "Options":
 def check_log_spec(log: Optional[str]) -> None:
     """--log: PATH, journal:UNIT, docker:NAME, podman:NAME or k8s:NAMESPACE/POD[/CONTAINER], checked here
     before anything is collected."""
-    from kvforensics.collectors.engine_logs import LogSpecError, parse_spec
-
     if log is not None:
+        from kvforensics.collectors.engine_logs import LogSpecError, parse_spec
+
         try:
             parse_spec(log)
         except LogSpecError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -56,7 +57,8 @@ def _no_python(result: ExecResult) -> bool:
                                          and b"python3" in result.stderr)
 
 
-def _collect_one(target: str, way: transport.Transport, opts: FleetOptions, probe: probe_mod.Probe) -> HostResult:
+def _collect_one(target: str, way: transport.Transport, opts: FleetOptions, probe: probe_mod.Probe,
+                 sent: Optional[threading.Event] = None) -> HostResult:
     start = time.monotonic()
     deadline = start + opts.timeout_s
     conn = None
@@ -70,6 +72,8 @@ def _collect_one(target: str, way: transport.Transport, opts: FleetOptions, prob
 
     try:
         conn = way.open(target, deadline)
+        if sent is not None:
+            sent.set()  # the probe is on its way (exec starts ssh at once, then waits without the GIL)
         result = conn.exec(probe_mod.REMOTE_COMMAND, probe.script, deadline)
         trips = 1
         if probe_mod.wants_lzma(result.stdout):  # a python3 built without lzma: the deflated probe, once more
@@ -97,21 +101,28 @@ def _collect_one(target: str, way: transport.Transport, opts: FleetOptions, prob
     except Exception as exc:  # noqa: BLE001 - one host's surprise must not end the sweep
         return done("error", None, ("ssh.error", "{}: {}: {}".format(target, type(exc).__name__, exc)))
     finally:
+        if sent is not None:
+            sent.set()
         if conn is not None:
             conn.close()
 
 
-def run(targets: Sequence[str], opts: FleetOptions,
-        on_done: Optional[Callable[[HostResult], None]] = None) -> List[HostResult]:
-    """Every target's result, in the order given."""
+def run(targets: Sequence[str], opts: FleetOptions, on_done: Optional[Callable[[HostResult], None]] = None,
+        while_waiting: Optional[Callable[[], None]] = None) -> List[HostResult]:
+    """Every target's result, in the order given. ``while_waiting`` runs once, here, as soon as the first probe
+    is on its way: work for the handshake's time (imports), never before a host's ssh has started."""
     way = transport.choose(opts.transport, transport.Settings(
         ssh_config=opts.ssh_config, accept_new=opts.accept_new, identity=opts.identity, multiplex=opts.multiplex,
         interactive=len(targets) == 1 and sys.stdin.isatty()))
     probe = probe_mod.build(dict(opts.probe_options, time_limit_s=opts.timeout_s))
     results: Dict[int, HostResult] = {}
     workers = max(1, min(opts.parallel, len(targets)))
+    sent = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_collect_one, t, way, opts, probe): i for i, t in enumerate(targets)}
+        futures = {pool.submit(_collect_one, t, way, opts, probe, sent): i for i, t in enumerate(targets)}
+        if while_waiting is not None:
+            sent.wait()
+            while_waiting()
         for fut in concurrent.futures.as_completed(futures):
             res = fut.result()
             results[futures[fut]] = res

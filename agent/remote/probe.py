@@ -25,7 +25,7 @@ import hashlib
 import io
 import json
 import os
-import tempfile
+import re
 import tokenize
 import zlib
 from dataclasses import dataclass
@@ -33,8 +33,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from kvforensics.agent.remote import usercache
 from kvforensics.collectors.probe import MARKER, VERSION, canonical
-from kvforensics.collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 
 REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches a remote shell
 _PACKAGE = Path(__file__).resolve().parents[2] / "collectors"
@@ -182,10 +182,6 @@ def _shaken(name: str, data: bytes) -> bytes:
     return shake(data.decode("utf-8"), PYNVML_USES, _PYNVML_DYNAMIC).encode("utf-8")
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvforensics"
-
-
 def slim_blob() -> bytes:
     """The JSON the xz probe carries: ``slim`` sources, pynvml shaken. Built once per source tree (the key
     hashes every source byte), then read from the user's cache; a cache that cannot be written is skipped."""
@@ -197,26 +193,21 @@ def slim_blob() -> bytes:
 
 @lru_cache(maxsize=4)
 def _slim_blob_cached(key: str, files: Tuple[Tuple[str, bytes], ...]) -> bytes:
-    path = _cache_dir() / "probe-{}.json".format(key)
+    path = usercache.folder() / "probe-{}.json".format(key)
     try:
         return path.read_bytes()
     except OSError:
         pass
     made = _pack([(n, slim(_shaken(n, d))) for n, d in files])
-    _keep(path, made)
+    usercache.keep(path, made)
     return made
 
 
-def _keep(path: Path, data: bytes) -> None:
-    """Write a cache file whole (temp file, rename) or not at all; a cache that cannot be written is skipped."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".probe-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, str(path))
-    except OSError:
-        pass
+_XZ_NAME = re.compile(r"probe-[0-9a-f]{32}\.xz\Z")
+
+
+def _xz_path(blob: bytes) -> Path:
+    return usercache.folder() / "probe-{}.xz".format(hashlib.sha256(_SLIM_FORMAT + blob).hexdigest()[:32])
 
 
 @lru_cache(maxsize=4)
@@ -225,7 +216,7 @@ def _xz(blob: bytes) -> bytes:
     user's cache beside the slim JSON, and used only if it decompresses to ``blob`` exactly."""
     import lzma
 
-    path = _cache_dir() / "probe-{}.xz".format(hashlib.sha256(_SLIM_FORMAT + blob).hexdigest()[:32])
+    path = _xz_path(blob)
     try:
         kept = path.read_bytes()
         if lzma.decompress(kept) == blob:
@@ -236,7 +227,7 @@ def _xz(blob: bytes) -> bytes:
     # allocates that much, not 64 MiB.
     made = lzma.compress(blob, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32,
                          filters=[{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": 1 << 20}])
-    _keep(path, made)
+    usercache.keep(path, made)
     return made
 
 
@@ -258,8 +249,12 @@ def _assemble(encoded_options: str, blob: bytes, packing: str) -> Probe:
     # base64, not base85: b85decode is pure Python (~5 ms of the host's CPU for a 75 KB stream, measured
     # 2026-12-01), b64decode is C; with pynvml shaken the stream is ~45 KB, and base85's 5/4 would save 4 KB.
     text = base64.b64encode(_xz(blob) if packing == "xz" else zlib.compress(blob, 9))
+    return _script(encoded_options, text, packing, hashlib.sha256(blob).hexdigest())
+
+
+def _script(encoded_options: str, text: bytes, packing: str, code_sha256: str) -> Probe:
     script = _WRAPPER.replace("{unpack}", _UNPACK[packing]).format(blob=text.decode("ascii"), options=encoded_options)
-    return Probe(script.encode("utf-8"), hashlib.sha256(blob).hexdigest(), packing, encoded_options)
+    return Probe(script.encode("utf-8"), code_sha256, packing, encoded_options)
 
 
 def build(options: Dict[str, Any], blob: Optional[bytes] = None, packing: str = "xz") -> Probe:
@@ -268,9 +263,72 @@ def build(options: Dict[str, Any], blob: Optional[bytes] = None, packing: str = 
     if packing not in PACKINGS:
         raise ValueError("packing is one of {}".format(", ".join(PACKINGS)))
     encoded_options = base64.b64encode(json.dumps(options).encode("utf-8")).decode("ascii")
+    if blob is None and packing == "xz":
+        kept = _indexed_xz()
+        if kept is not None:  # the common case: this source tree's probe, packed by an earlier run
+            xz, code_sha256 = kept
+            return _script(encoded_options, base64.b64encode(xz), "xz", code_sha256)
+    default = blob is None and packing == "xz"
     if blob is None:
         blob = slim_blob() if packing == "xz" else code_blob()
-    return _assemble(encoded_options, blob, packing)
+    made = _assemble(encoded_options, blob, packing)
+    if default:
+        _index(made.code_sha256, blob)
+    return made
+
+
+# Every run used to read the ~60 sources to find its cache key, then decompress the kept xz to check it: ~20 ms of
+# the one-host inspect, before ssh could start. The index names the probe of a source tree by what os.stat says of
+# its files (name, size, mtime), and gives the sha256 of the JSON it carries and of its xz stream: a run reads two
+# small files and hashes 48 KB. The xz file is used only if its bytes hash as the index says (a torn or stale
+# cache is rebuilt, never sent).
+_INDEX_FORMAT = "kvforensics-probe-index/1"
+
+
+def _stat_key() -> Optional[str]:
+    digest = hashlib.sha256((_INDEX_FORMAT + "\0" + _SLIM_FORMAT.decode()).encode())
+    try:
+        for top, dirs, files in os.walk(str(_PACKAGE)):
+            dirs.sort()
+            for name in sorted(f for f in files if f.endswith(".py")):
+                st = os.stat(os.path.join(top, name))
+                digest.update("{}/{}\0{}\0{}\0".format(top, name, st.st_size, st.st_mtime_ns).encode())
+        import importlib.util
+
+        spec = importlib.util.find_spec("pynvml")
+        if spec is not None and spec.origin:
+            st = os.stat(spec.origin)
+            digest.update("{}\0{}\0{}".format(spec.origin, st.st_size, st.st_mtime_ns).encode())
+    except OSError:
+        return None
+    return digest.hexdigest()[:32]
+
+
+def _index_path(key: str) -> Path:
+    return usercache.folder() / "probe-index-{}".format(key)
+
+
+def _indexed_xz() -> Optional[Tuple[bytes, str]]:
+    """(the xz stream, the sha256 of the JSON it carries) of this source tree's probe, from the cache, or None."""
+    key = _stat_key()
+    if key is None:
+        return None
+    try:
+        code_sha256, xz_sha256, name = _index_path(key).read_text("ascii").split()
+        if not _XZ_NAME.match(name):
+            return None
+        xz = (usercache.folder() / name).read_bytes()
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return (xz, code_sha256) if hashlib.sha256(xz).hexdigest() == xz_sha256 else None
+
+
+def _index(code_sha256: str, blob: bytes) -> None:
+    key = _stat_key()
+    if key is not None:
+        xz = _xz(blob)  # kept by _xz under _xz_path(blob)
+        line = "{} {} {}\n".format(code_sha256, hashlib.sha256(xz).hexdigest(), _xz_path(blob).name)
+        usercache.keep(_index_path(key), line.encode("ascii"))
 
 
 def wants_lzma(stdout: bytes) -> bool:
@@ -319,6 +377,8 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
     snap = answer.get("snapshot")
     if hashlib.sha256(canonical(snap).encode("ascii")).hexdigest() != answer.get("checksum"):
         raise ProbeError("probe.checksum", "the probe's snapshot failed its checksum")
+    from kvforensics.collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA  # after the answer: not before ssh starts
+
     if not isinstance(snap, dict) or snap.get("schema") != SNAPSHOT_SCHEMA:
         raise ProbeError("probe.invalid_answer", "the probe's answer holds no kvforensics snapshot")
     try:  # the checksum proves transport, not honesty: a host can re-sign a forged snapshot
