@@ -78,11 +78,12 @@ def test_bad_model_config_json(tmp_path):
 def test_a_report_sent_to_a_full_disk_is_one_line_and_exit_2():
     """``> file`` on a full disk (/dev/full says ENOSPC to every write): the command ran, its report could not be
     kept; said in one line, not as an internal error. Run as users run it (the console script's exit path)."""
-    with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "kvforensics", "analyze", str(SEED_LOG)], stdout=full,
-                              stderr=subprocess.PIPE, text=True, timeout=60)
-    assert (proc.returncode, proc.stderr) == (
-        2, "kvforensics: error: the output could not be written: No space left on device\n")
+    for fmt in ("terminal", "oneline"):  # a long report fails while written, a short one when flushed at exit
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "kvforensics", "analyze", str(SEED_LOG), "--format", fmt],
+                                  stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+        assert (proc.returncode, proc.stderr) == (
+            2, "kvforensics: error: the output could not be written: No space left on device\n"), fmt
 
 
 def test_internal_errors_exit_4_without_traceback(monkeypatch):

@@ -324,9 +324,17 @@ def entry() -> None:
 
     getattr(threading, "_shutdown", lambda: None)()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that went away (BrokenPipeError), a closed stream
-            pass
+    try:
+        sys.stdout.flush()  # what is still buffered: a short report is written only now
+    except BrokenPipeError:  # the reader went away (`| head`): as main() says of it, not an error
+        pass
+    except OSError as exc:  # a full disk under `> file`: said, not lost behind a status of 0
+        sys.stderr.write("kvforensics: error: the output could not be written: {}\n".format(exc.strerror))
+        code = exitcodes.EXIT_USAGE
+    except ValueError:  # stdout closed by the command itself
+        pass
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
     os._exit(code)
