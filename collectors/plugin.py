@@ -8,10 +8,12 @@ read engines only through this registry, never by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from kvforensics.collectors.events import EngineStartup, LogEvent
 from kvforensics.collectors.registry import Registry, UnknownEngine
+
+if TYPE_CHECKING:  # annotations only: a host whose processes are no engine's never imports the log's records
+    from kvforensics.collectors.events import EngineStartup, LogEvent
 
 __all__ = ["EngineCollectors", "ENGINES", "UnknownEngine", "display", "for_bundle"]
 

@@ -255,8 +255,9 @@ def _findings(c: Any, findings: Sequence[Finding]) -> None:
 
     c.print(Text("Findings", style="bold underline"))
     for f in shown:
-        say(c, f.code, indent=INDENT, style="bold", first=f.severity.upper(), first_style=SEVERITY_STYLE[f.severity])
-        say(c, f.title, indent=INDENT)
+        # the code (what --json and the docs call it) with its title, as a problem's "code: message", never alone
+        say(c, "{}: {}".format(f.code, f.title), indent=INDENT, style="bold", first=f.severity.upper(),
+            first_style=SEVERITY_STYLE[f.severity])
         say(c, f.detail, indent=INDENT)
         if f.evidence:
             say(c, "evidence: " + "; ".join(f.evidence), indent=INDENT, style="dim")

@@ -326,8 +326,10 @@ def _indexed_xz() -> Optional[Tuple[bytes, str]]:
 def _index(code_sha256: str, blob: bytes) -> None:
     key = _stat_key()
     if key is not None:
-        xz = _xz(blob)  # kept by _xz under _xz_path(blob)
-        line = "{} {} {}\n".format(code_sha256, hashlib.sha256(xz).hexdigest(), _xz_path(blob).name)
+        xz, path = _xz(blob), _xz_path(blob)
+        if not path.exists():  # _xz remembers streams per process: one packed before the cache moved
+            usercache.keep(path, xz)
+        line = "{} {} {}\n".format(code_sha256, hashlib.sha256(xz).hexdigest(), path.name)
         usercache.keep(_index_path(key), line.encode("ascii"))
 
 
