@@ -19,7 +19,7 @@ def folder() -> Path:
 def keep(path: Path, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".probe-")
+        fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, str(path))
