@@ -41,22 +41,22 @@ from kvforensics.agent.cli.options import (
     use_color,
 )
 from kvforensics.agent.cli.params import Argument, ExitStatus, Option
-from kvforensics.agent.model.live import Inspection, TargetFailure, TargetResult
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the model's records load after the first ssh has started (fleet.run's while_waiting)
     from kvforensics.agent.history.store import RunStats
+    from kvforensics.agent.model.live import Inspection, TargetFailure, TargetResult
     from kvforensics.agent.model.records import Options
     from kvforensics.agent.remote.fleet import HostResult
 
 LOCAL_NAMES = ("local", "localhost")
 
 # One per target, in the order given: (target, snapshot, None) or (target, None, failure).
-Entry = Tuple[str, Optional[Dict[str, Any]], Optional[TargetFailure]]
+Entry = Tuple[str, Optional[Dict[str, Any]], Optional["TargetFailure"]]
 # What each target ends as, in the order given.
-Result = TargetResult
+Result = "TargetResult"
 # Remote hosts analysed as they arrived, while the others were still being collected: by the snapshot's id,
 # the snapshot kept with its result (so that id cannot name another object meanwhile).
-Early = Dict[int, Tuple[Dict[str, Any], Result]]
+Early = Dict[int, Tuple[Dict[str, Any], "TargetResult"]]
 
 
 def inspect(
@@ -339,6 +339,7 @@ def _collect_remote(remote: List[str], settings: InspectSettings, early: Early) 
 
 def _collect_pods(pods: List[str], settings: InspectSettings) -> Dict[str, List[Entry]]:
     """Each pod's entries (one per time it is named), through kubectl exec and kubectl logs."""
+    from kvforensics.agent.model.live import TargetFailure
     from kvforensics.agent.remote import kubectl
 
     by_name: Dict[str, List[Entry]] = {}
@@ -353,6 +354,8 @@ def _collect_pods(pods: List[str], settings: InspectSettings) -> Dict[str, List[
 
 def _remote_entry(r: HostResult) -> Entry:
     """A host's result as an entry; its notes (a recorded host key, a skipped key) go to stderr."""
+    from kvforensics.agent.model.live import TargetFailure
+
     for note in r.notes:
         sys.stderr.write("kvforensics: {}: {}\n".format(r.target, note))
     target = "ssh:" + r.target
@@ -397,6 +400,7 @@ def _analyse_one(settings: InspectSettings, target: str, snap: Dict[str, Any]) -
     """One target's inspection. A remote host's snapshot that breaks the schema, or breaks the
     analysis, costs that host alone: it becomes an ``error`` target and the others stand."""
     from kvforensics.agent.model.evidence import EvidenceError
+    from kvforensics.agent.model.live import TargetFailure
     from kvforensics.agent.model.reconcile import inspect_snapshot
 
     try:
@@ -468,6 +472,7 @@ def _say_failures(results: List[Result], detail: bool) -> None:
     """One line on stderr per target that could not be collected, said once (the fleet table gives its status
     only): at most 80 columns, with the one thing to do (reports/failures.py); the whole message with -v. JSON
     and oneline carry the whole message in their own rows."""
+    from kvforensics.agent.model.live import TargetFailure
     from kvforensics.reports.failures import failure_line
 
     for r in results:
@@ -488,6 +493,8 @@ def _exit_code(settings: InspectSettings, results: List[Result]) -> int:
 
 
 def _inspections(results: List[Result]) -> List[Inspection]:
+    from kvforensics.agent.model.live import TargetFailure
+
     return [r for r in results if not isinstance(r, TargetFailure)]
 
 

@@ -53,7 +53,7 @@ _BLOB = lzma.decompress(base64.b64decode({{blob!r}}))""".format(no_lzma=NO_LZMA)
 }
 
 _WRAPPER = '''\
-import base64, hashlib, importlib.machinery, json, sys, zlib
+import base64, importlib.machinery, json, sys, zlib
 {unpack}
 _OPTIONS = json.loads(base64.b64decode({options!r}).decode("utf-8"))
 _SOURCES = json.loads(_BLOB.decode("ascii"))
@@ -98,7 +98,7 @@ class _FromMemory(object):
 sys.dont_write_bytecode = True
 sys.meta_path.insert(0, _FromMemory())
 from kvforensics.collectors import probe as _probe
-sys.exit(_probe.run(_OPTIONS, hashlib.sha256(_BLOB).hexdigest()))
+sys.exit(_probe.run(_OPTIONS, _probe.sha256_hex(_BLOB)))
 '''
 
 
