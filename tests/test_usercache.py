@@ -13,7 +13,7 @@ from kvforensics.agent.remote import openssh, probe
 def test_the_probe_comes_from_its_index_and_a_damaged_stream_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     made = probe.build({"http": False})  # packs it, keeps the stream and the index
-    assert probe._indexed_xz() is not None
+    assert probe._indexed_xz(probe._stat_key()) is not None
     again = probe.build({"http": False})
     assert (again.script, again.code_sha256) == (made.script, made.code_sha256)
     fresh = probe.build({"http": False}, blob=probe.slim_blob())  # built from the sources, no index
@@ -22,11 +22,11 @@ def test_the_probe_comes_from_its_index_and_a_damaged_stream_is_rebuilt(tmp_path
     name = index.read_text().split()[2]
     stream = tmp_path / "kvforensics" / name
     stream.write_bytes(lzma.compress(b'{"kvforensics/collectors/probe.py": "raise SystemExit(0)"}'))  # another code
-    assert probe._indexed_xz() is None  # its bytes no longer hash as the index says
+    assert probe._indexed_xz(probe._stat_key()) is None  # its bytes no longer hash as the index says
     rebuilt = probe.build({"http": False})
     assert (rebuilt.script, rebuilt.code_sha256) == (made.script, made.code_sha256)
     index.write_text("../../etc/passwd x y\n")  # a line that is not ours: ignored
-    assert probe._indexed_xz() is None and probe.build({"http": False}).script == made.script
+    assert probe._indexed_xz(probe._stat_key()) is None and probe.build({"http": False}).script == made.script
 
 
 def _fake_ssh(folder, version: str):

@@ -102,14 +102,28 @@ sys.exit(_probe.run(_OPTIONS, _probe.sha256_hex(_BLOB)))
 '''
 
 
-def _pynvml_source() -> Optional[bytes]:
+def _pynvml_path() -> Optional[Path]:
     """nvidia-ml-py's pynvml.py, found without being run (importing it costs the client ~9 ms)."""
     import importlib.util
 
     spec = importlib.util.find_spec("pynvml")
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
-    return Path(spec.origin).read_bytes()
+    return Path(spec.origin)
+
+
+def _shipped_files() -> List[Tuple[str, Path]]:
+    """The files the probe carries, by their names in the probe (collectors/**/*.py as kvforensics/collectors/…,
+    and pynvml.py), in order. os.walk, not rglob: the index reads this list before every run's ssh starts."""
+    out = []
+    for top, _dirs, files in os.walk(str(_PACKAGE)):
+        folder = os.path.relpath(top, str(_PACKAGE)).replace(os.sep, "/")
+        prefix = "kvforensics/collectors/" + ("" if folder == "." else folder + "/")
+        out += [(prefix + name, Path(top, name)) for name in files if name.endswith(".py")]
+    nvml = _pynvml_path()
+    if nvml is not None:
+        out.append(("pynvml.py", nvml))
+    return sorted(out)
 
 
 # The package's own __init__ is not shipped: the probe needs its name (the collectors import each other as
@@ -118,14 +132,8 @@ _NAMESPACE_INIT = ("kvforensics/__init__.py", b"")
 
 
 def _sources() -> List[Tuple[str, bytes]]:
-    """collectors/**/*.py (as kvforensics/collectors/…) and pynvml.py, by their names in the probe, in order."""
-    out = [("kvforensics/collectors/" + p.relative_to(_PACKAGE).as_posix(), p.read_bytes())
-           for p in _PACKAGE.rglob("*.py")]
-    out.append(_NAMESPACE_INIT)
-    nvml = _pynvml_source()
-    if nvml is not None:
-        out.append(("pynvml.py", nvml))
-    return sorted(out)
+    """What ``_shipped_files`` names, read, with the package's empty __init__: by their names in the probe, in order."""
+    return sorted([(name, path.read_bytes()) for name, path in _shipped_files()] + [_NAMESPACE_INIT])
 
 
 def slim(source: bytes) -> bytes:
@@ -263,17 +271,16 @@ def build(options: Dict[str, Any], blob: Optional[bytes] = None, packing: str = 
     if packing not in PACKINGS:
         raise ValueError("packing is one of {}".format(", ".join(PACKINGS)))
     encoded_options = base64.b64encode(json.dumps(options).encode("utf-8")).decode("ascii")
-    if blob is None and packing == "xz":
-        kept = _indexed_xz()
-        if kept is not None:  # the common case: this source tree's probe, packed by an earlier run
-            xz, code_sha256 = kept
-            return _script(encoded_options, base64.b64encode(xz), "xz", code_sha256)
-    default = blob is None and packing == "xz"
+    key = _stat_key() if blob is None and packing == "xz" else None  # this source tree's own probe: indexed
+    kept = _indexed_xz(key) if key is not None else None
+    if kept is not None:  # the common case: packed by an earlier run
+        xz, code_sha256 = kept
+        return _script(encoded_options, base64.b64encode(xz), "xz", code_sha256)
     if blob is None:
         blob = slim_blob() if packing == "xz" else code_blob()
     made = _assemble(encoded_options, blob, packing)
-    if default:
-        _index(made.code_sha256, blob)
+    if key is not None:
+        _index(key, made.code_sha256, blob)
     return made
 
 
@@ -286,19 +293,13 @@ _INDEX_FORMAT = "kvforensics-probe-index/1"
 
 
 def _stat_key() -> Optional[str]:
+    """The index's key for the files ``_shipped_files`` names, from what os.stat says of them; None where one
+    cannot be stat'ed (the probe is then packed from its sources)."""
     digest = hashlib.sha256((_INDEX_FORMAT + "\0" + _SLIM_FORMAT.decode()).encode())
     try:
-        for top, dirs, files in os.walk(str(_PACKAGE)):
-            dirs.sort()
-            for name in sorted(f for f in files if f.endswith(".py")):
-                st = os.stat(os.path.join(top, name))
-                digest.update("{}/{}\0{}\0{}\0".format(top, name, st.st_size, st.st_mtime_ns).encode())
-        import importlib.util
-
-        spec = importlib.util.find_spec("pynvml")
-        if spec is not None and spec.origin:
-            st = os.stat(spec.origin)
-            digest.update("{}\0{}\0{}".format(spec.origin, st.st_size, st.st_mtime_ns).encode())
+        for name, path in _shipped_files():
+            st = path.stat()
+            digest.update("{}\0{}\0{}\0{}\0".format(name, path, st.st_size, st.st_mtime_ns).encode())
     except OSError:
         return None
     return digest.hexdigest()[:32]
@@ -308,11 +309,8 @@ def _index_path(key: str) -> Path:
     return usercache.folder() / "probe-index-{}".format(key)
 
 
-def _indexed_xz() -> Optional[Tuple[bytes, str]]:
-    """(the xz stream, the sha256 of the JSON it carries) of this source tree's probe, from the cache, or None."""
-    key = _stat_key()
-    if key is None:
-        return None
+def _indexed_xz(key: str) -> Optional[Tuple[bytes, str]]:
+    """(the xz stream, the sha256 of the JSON it carries) of the probe the index names under ``key``, or None."""
     try:
         code_sha256, xz_sha256, name = _index_path(key).read_text("ascii").split()
         if not _XZ_NAME.match(name):
@@ -323,14 +321,12 @@ def _indexed_xz() -> Optional[Tuple[bytes, str]]:
     return (xz, code_sha256) if hashlib.sha256(xz).hexdigest() == xz_sha256 else None
 
 
-def _index(code_sha256: str, blob: bytes) -> None:
-    key = _stat_key()
-    if key is not None:
-        xz, path = _xz(blob), _xz_path(blob)
-        if not path.exists():  # _xz remembers streams per process: one packed before the cache moved
-            usercache.keep(path, xz)
-        line = "{} {} {}\n".format(code_sha256, hashlib.sha256(xz).hexdigest(), path.name)
-        usercache.keep(_index_path(key), line.encode("ascii"))
+def _index(key: str, code_sha256: str, blob: bytes) -> None:
+    xz, path = _xz(blob), _xz_path(blob)
+    if not path.exists():  # _xz remembers streams per process: one packed before the cache moved
+        usercache.keep(path, xz)
+    line = "{} {} {}\n".format(code_sha256, hashlib.sha256(xz).hexdigest(), path.name)
+    usercache.keep(_index_path(key), line.encode("ascii"))
 
 
 def wants_lzma(stdout: bytes) -> bool:
