@@ -269,8 +269,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's UsageError family
             return _usage_error(exc)
         if isinstance(exc, OSError) and exc.errno in _FULL:  # the report's own stdout: `> file` on a full disk
-            sys.stderr.write("kvforensics: error: the output could not be written: {}\n".format(exc.strerror))
-            return exitcodes.EXIT_USAGE
+            return _unwritable(exc)
         if os.environ.get("KVFORENSICS_DEBUG"):
             raise
         sys.stderr.write("kvforensics: internal error: {}: {} (rerun with KVFORENSICS_DEBUG=1 for a "
@@ -279,6 +278,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _unwritable(exc: OSError) -> int:
+    """The report could not be written (while the command ran, or when flushed at exit): one line, exit 2."""
+    sys.stderr.write("kvforensics: error: the output could not be written: {}\n".format(exc.strerror))
+    return exitcodes.EXIT_USAGE
 
 
 def _run(args: List[str]) -> int:
@@ -329,8 +334,7 @@ def entry() -> None:
     except BrokenPipeError:  # the reader went away (`| head`): as main() says of it, not an error
         pass
     except OSError as exc:  # a full disk under `> file`: said, not lost behind a status of 0
-        sys.stderr.write("kvforensics: error: the output could not be written: {}\n".format(exc.strerror))
-        code = exitcodes.EXIT_USAGE
+        code = _unwritable(exc)
     except ValueError:  # stdout closed by the command itself
         pass
     try:
