@@ -35,7 +35,7 @@ def failure_line(host: str, status: str, code: str, message: str) -> str:
     return head + short_reason(status, code, message, max(MIN_ROOM, LINE_WIDTH - len(head)))
 
 
-def short_reason(status: str, code: str, message: str, room: int = LINE_WIDTH - 30) -> str:
+def short_reason(status: str, code: str, message: str, room: int) -> str:
     """The failure in at most ``room`` characters, with the one thing to do: the known failures of SSH, kubectl
     and the probe in words of their own, any other message cut at a word."""
     words = _phrases(status, code, message)
