@@ -24,7 +24,8 @@ from typing import Dict, List, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import append, installed_python, ssh_fleet  # noqa: E402
+from bench.common import append, ssh_fleet  # noqa: E402
+from tests.install import install_copy  # noqa: E402
 from tests.sshd import Sshd, keygen  # noqa: E402
 
 HOSTS = int(os.environ.get("KVF_BENCH_HOSTS", "32"))
@@ -87,7 +88,7 @@ def main() -> int:
     try:
         cfg, aliases, env = ssh_fleet(work, server, key, HOSTS)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # measure what an installed user runs: cached bytecode
-        python = installed_python(ROOT, work)  # as users run it: pip's install, bytecode compiled
+        python = install_copy(ROOT, work) / "bin" / "python"  # as users run it: pip's install, bytecode compiled
         env["KVFORENSICS_SSH_CONTROL_DIR"] = control
         kvf_cmd = [str(python), "-m", "kvforensics", "inspect", "--ssh-config", str(cfg), "--parallel",
                    str(PARALLEL),

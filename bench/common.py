@@ -103,31 +103,3 @@ def ssh_fleet(work: Path, server: Any, key: Path, hosts: int) -> Tuple[Path, Lis
     env.pop("SSH_AUTH_SOCK", None)
     return cfg, aliases, env
 
-
-def installed_python(tree: Path, work: Path) -> Path:
-    """A Python with ``tree`` installed as users have it: a venv of its own and pip's install of a copy of the tree
-    (bytecode compiled, no editable finder in site, which costs the dev venv ~10 ms of every start), the
-    dependencies read from this venv's site-packages through a .pth file (no network). Returns its python."""
-    import shutil
-    import sys
-    import sysconfig
-
-    src = work / "src"
-    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "kvforensics", "agent", "collectors",
-                 "reports", "deploy"):
-        if (tree / name).is_dir():
-            shutil.copytree(str(tree / name), str(src / name), ignore=shutil.ignore_patterns("__pycache__"))
-        elif (tree / name).exists():
-            src.mkdir(exist_ok=True)
-            shutil.copy(str(tree / name), str(src / name))
-    venv = work / "venv-installed"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
-    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    # --target: pip writes into that folder and leaves this environment's own kvforensics (the editable one) alone
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(site), str(src)], check=True, env=env, cwd=str(work), stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    return venv / "bin" / "python"

@@ -14,44 +14,22 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 from tests.fakenode import FAKE_LIB, FakeNode, build_fake_nvml
+from tests.install import SOURCES, clean_env, install_copy
 
 # A fake host's binaries and settings are trusted only when root owns them, as on a real host.
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="root-owned fake binaries and settings need root")
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "kvforensics", "agent", "collectors", "reports", "deploy")
 
 
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory) -> Path:
-    """A README-style install: a venv of its own and `pip install` of this source (copied first, so
-    the build leaves nothing in the checkout). Dependencies come from the test venv through a .pth
-    file, and the build uses its setuptools: no network."""
-    work = tmp_path_factory.mktemp("install")
-    src = work / "src"
-    src.mkdir()
-    for name in SOURCES:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(str(path), str(src / name), ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(str(path), str(src / name))
-    pfx = work / "opt-kvforensics"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(pfx)], check=True)
-    site = next(pfx.glob("lib/python3*/site-packages"))
-    deps = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    (site / "test-deps.pth").write_text(deps + "\n")
-    subprocess.run([str(pfx / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", str(src)], check=True, cwd=str(work), env=_clean_env())
-    return pfx
-
-
-def _clean_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FAKE_NVML_SCENARIO", "KVFORENSICS_DB")}
+    """A README-style install: a venv of its own and `pip install` of a copy of this source (tests/install.py)."""
+    return install_copy(ROOT, tmp_path_factory.mktemp("install"))
 
 
 def test_deploy_files_come_from_the_installed_package(prefix, tmp_path):
     out = subprocess.run([str(prefix / "bin" / "kvforensics"), "deploy-files", str(tmp_path / "d"),
                           "--textfile-dir", "/var/lib/prometheus/node-exporter"], capture_output=True, text=True,
-                         env=_clean_env(), cwd=str(tmp_path))
+                         env=clean_env(), cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     cron = (tmp_path / "d" / "kvforensics.cron").read_text()
     # the installed entry point, and Debian's node_exporter textfile directory
@@ -80,7 +58,7 @@ def test_the_exact_cron_line_refuses_a_missing_textfile_directory_then_writes_it
     assert fields[5] == "root"
     command = fields[6].replace("--samples 6 --interval 20", "--samples 2 --interval 0")  # a quick run
     with FakeNode(tmp_path / "node") as node:
-        env = dict(_clean_env(), FAKE_NVML_SCENARIO=str(node.scenario), LD_LIBRARY_PATH=str(FAKE_LIB.parent),
+        env = dict(clean_env(), FAKE_NVML_SCENARIO=str(node.scenario), LD_LIBRARY_PATH=str(FAKE_LIB.parent),
                    KVFORENSICS_DB=str(tmp_path / "history.db"))
         refused = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=120)
         sampled = (tmp_path / "history.db").exists()
@@ -253,7 +231,7 @@ def test_on_debian_deploy_files_and_the_cron_line_feed_the_packaged_node_exporte
     scenario.write_text("driver 580.95.05\nnvml 13.580.95.05\ncuda 13000\n" + "".join(
         "gpu {0} uuid=GPU-deb{0} name=NVIDIA_H100 bus=00000000:{1:02X}:00.0 total=85899345920 reserved=536870912 "
         "used=1073741824 free=84289404928\n".format(i, 0x18 + i) for i in range(2)))
-    env = dict(_clean_env(), FAKE_NVML_SCENARIO=str(scenario), LD_LIBRARY_PATH=str(FAKE_LIB.parent),
+    env = dict(clean_env(), FAKE_NVML_SCENARIO=str(scenario), LD_LIBRARY_PATH=str(FAKE_LIB.parent),
                KVFORENSICS_DB=str(tmp_path / "history.db"), PYTHONPATH=str(ROOT))
     done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
                            sys.executable, "-m", "tests.debian_node", str(prefix / "bin" / "kvforensics"),
@@ -386,12 +364,12 @@ def test_the_install_owns_one_import_name(prefix, tmp_path):
     assert {p.name for p in (site / "kvforensics").iterdir() if p.is_dir()} >= {"agent", "collectors", "reports"}
     assert (site / "kvforensics" / "agent" / "schemas" / "report.schema.json").is_file()
     out = subprocess.run([str(prefix / "bin" / "python"), "-m", "kvforensics", "--version"], capture_output=True,
-                         text=True, env=_clean_env(), cwd=str(tmp_path))
+                         text=True, env=clean_env(), cwd=str(tmp_path))
     assert out.returncode == 0 and out.stdout.startswith("kvforensics "), out.stderr
     code = ("import kvforensics.agent.cli, sys\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'agent', 'collectors', 'reports'}))")
     out = subprocess.run([str(prefix / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                         env=_clean_env(), cwd=str(tmp_path))
+                         env=clean_env(), cwd=str(tmp_path))
     assert out.stdout.strip() == "[]", out.stderr
 
 
