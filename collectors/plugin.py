@@ -7,8 +7,7 @@ read engines only through this registry, never by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from kvforensics.collectors.registry import Registry, UnknownEngine
 
@@ -20,9 +19,11 @@ __all__ = ["EngineCollectors", "ENGINES", "UnknownEngine", "display", "for_bundl
 Rows = Tuple[Tuple[Optional[int], int, str], ...]
 
 
-@dataclass(frozen=True)
-class EngineCollectors:
-    """One engine, as the probe's collectors see it."""
+class EngineCollectors(NamedTuple):
+    """One engine, as the probe's collectors see it.
+
+    A NamedTuple, not a frozen dataclass: as immutable, but every host's probe builds it, and dataclasses
+    (with the inspect, ast and dis it imports) cost each host ~10 ms of CPU where this costs ~0.3 ms."""
 
     name: str  # the registry key, written into snapshots, bundles and JSON ("kind")
     display: str  # how people write it

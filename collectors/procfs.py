@@ -18,8 +18,6 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from kvforensics.collectors import pods
-
 _HEX64 = r"[0-9a-f]{64}"
 # Each runtime's own cgroup name for a container: "<prefix>-<id>.scope" under the systemd driver,
 # "/docker/<id>", "/crio-<id>" or "/libpod-<id>" under cgroupfs. The id must follow the prefix: conmon's
@@ -165,6 +163,10 @@ def _container(root: str, pid: int, container: Optional[Dict[str, str]]) -> Opti
         return None
     if container["runtime"] == UNNAMED_CRI:
         container = dict(container, runtime=_runtime_from_shim(root, pid, container["id"]) or UNNAMED_CRI)
+    # Here, not at the top: every host's probe walks /proc, and most of their processes are in no container;
+    # pods (its regexes, its records) is compiled from source on the host only where one is.
+    from kvforensics.collectors import pods
+
     return pods.describe(root, container)
 
 

@@ -53,7 +53,7 @@ _BLOB = lzma.decompress(base64.b64decode({{blob!r}}))""".format(no_lzma=NO_LZMA)
 }
 
 _WRAPPER = '''\
-import base64, importlib.machinery, json, sys, zlib
+import base64, importlib.machinery, json, os, sys, zlib
 {unpack}
 _OPTIONS = json.loads(base64.b64decode({options!r}).decode("utf-8"))
 _SOURCES = json.loads(_BLOB.decode("ascii"))
@@ -98,7 +98,12 @@ class _FromMemory(object):
 sys.dont_write_bytecode = True
 sys.meta_path.insert(0, _FromMemory())
 from kvforensics.collectors import probe as _probe
-sys.exit(_probe.run(_OPTIONS, _probe.sha256_hex(_BLOB)))
+_CODE = _probe.run(_OPTIONS, _probe.sha256_hex(_BLOB))
+# The answer is written and flushed: exit now, without freeing every module and object one by one (the
+# interpreter's teardown, ~5 ms of each host's CPU). No thread, no atexit hook, no file is left to finish.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(_CODE)
 '''
 
 
