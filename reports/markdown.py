@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Sequence
 
 from kvforensics.agent.model.live import Inspection, TargetFailure
-from kvforensics.agent.model.records import Finding, Recommendation, Verdict, severity_rank
+from kvforensics.agent.model.records import Finding, Recommendation, Verdict
+from kvforensics.agent.model.severity import severity_rank
 from kvforensics.agent.plugin import EngineAnalysis
 from kvforensics.reports import fit, terminal
 from kvforensics.reports.plugin import VIEWS

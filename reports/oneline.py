@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
 
-from kvforensics.agent.model.records import severity_rank
+from kvforensics.agent.model.severity import severity_rank
 from kvforensics.agent.plugin import display
 from kvforensics.reports.terminal import ONELINE_HEADER, oneline_row
 

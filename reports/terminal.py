@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from kvforensics.agent.model.live import GpuLedger, Inspection, Owner, TargetFailure
-from kvforensics.agent.model.records import Finding, Recommendation, Verdict, severity_rank
+from kvforensics.agent.model.records import Finding, Recommendation, Verdict
+from kvforensics.agent.model.severity import severity_rank
 from kvforensics.agent.model.verdict import CAUSE_LINES
 from kvforensics.agent.plugin import EngineAnalysis, display
 from kvforensics.collectors.units import GIB

@@ -144,7 +144,7 @@ def report_format(fmt: Optional[str], as_json: bool) -> str:
 
 def fail_level(fail_on: str) -> Optional[int]:
     """--fail-on, checked, as a severity rank (None: never fail on findings)."""
-    from kvforensics.agent.model.records import severity_rank
+    from kvforensics.agent.model.severity import severity_rank
 
     if fail_on not in SEVERITY_CHOICES:
         raise UsageProblem("--fail-on must be one of {}".format(", ".join(SEVERITY_CHOICES)))
@@ -191,7 +191,7 @@ def check_log_spec(log: Optional[str]) -> None:
 
 def findings_exit_code(level: Optional[int], findings: "List[object]") -> int:
     """1 when a finding is at least as severe as --fail-on, else 0."""
-    from kvforensics.agent.model.records import severity_rank
+    from kvforensics.agent.model.severity import severity_rank
 
     if level is not None and any(severity_rank(f.severity) >= level for f in findings):  # type: ignore[attr-defined]
         return exitcodes.EXIT_FINDINGS

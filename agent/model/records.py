@@ -5,17 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-SEVERITIES = ("info", "warning", "error", "critical")
-
-
-def severity_rank(severity: str) -> int:
-    return SEVERITIES.index(severity)
-
-
-def most_severe_first(findings):  # type: ignore[no-untyped-def]
-    """Findings sorted critical → info (stable within a severity)."""
-    return sorted(findings, key=lambda f: -severity_rank(f.severity))
-
 
 @dataclass(frozen=True)
 class Problem:

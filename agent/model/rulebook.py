@@ -15,7 +15,8 @@ from typing import Callable, Iterable, List
 
 from kvforensics.agent.model import node_rules
 from kvforensics.agent.model.context import Context
-from kvforensics.agent.model.records import Finding, Recommendation, most_severe_first
+from kvforensics.agent.model.records import Finding, Recommendation
+from kvforensics.agent.model.severity import most_severe_first
 from kvforensics.agent.plugin import ENGINES, EngineModel
 
 __all__ = ["Context", "findings", "recommendations"]

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from kvforensics.agent.model.records import Finding, Recommendation, Verdict, severity_rank
+from kvforensics.agent.model.records import Finding, Recommendation, Verdict
+from kvforensics.agent.model.severity import severity_rank
 from kvforensics.collectors.units import GIB, gib
 
 HEADLINES = ("startup_failed", "incomplete_startup")
