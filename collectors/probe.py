@@ -22,7 +22,8 @@ ALLOWED = ("nvml_lib", "log", "startup", "model_config_path", "http", "engine")
 
 def sha256_hex(data: bytes) -> str:
     """sha256 from the interpreter's own module where it has one (``_sha256``, 3.8–3.11; ``_sha2`` from 3.12):
-    hashlib loads OpenSSL first, ~3 ms of every host's CPU for the two hashes the probe takes."""
+    hashlib loads OpenSSL first, ~3 ms of every host's CPU for the two hashes the probe takes, and of the
+    client's before its first ssh starts (the probe's cache index, the ssh client's cache, a master's name)."""
     try:
         from _sha256 import sha256  # type: ignore[import-not-found]
     except ImportError:

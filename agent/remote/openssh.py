@@ -24,7 +24,6 @@ exit code (255: ssh's own failure) and its words on stderr.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import selectors
@@ -39,6 +38,7 @@ from typing import Dict, List, Optional, Tuple
 
 from kvforensics.agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
 from kvforensics.agent.remote.targets import split_target
+from kvforensics.collectors.probe import sha256_hex
 
 MIN_VERSION = (7, 6)  # StrictHostKeyChecking accept-new
 CONTROL_PERSIST_S = 60
@@ -88,7 +88,7 @@ def _banner(path: str) -> str:
     except OSError:
         return ""
     seen = "{}\0{}\0{}\0{}".format(os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    kept = usercache.folder() / "ssh-{}".format(hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:32])
+    kept = usercache.folder() / "ssh-{}".format(sha256_hex(seen.encode("utf-8", "replace"))[:32])
     try:
         said = kept.read_text("utf-8").strip()
         if _VERSION.search(said):
@@ -229,7 +229,7 @@ def connect(target: str, options: Options, deadline: float) -> Connection:
     _check_jumps(client, options, settings, target, deadline)
     conn = Connection(client, target, destination, settings, options)
     seen = "\0".join((resolved, conn.strictness(), options.identity or "", str(options.interactive)))
-    conn.fingerprint = hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:32]
+    conn.fingerprint = sha256_hex(seen.encode("utf-8", "replace"))[:32]
     return conn
 
 

@@ -21,7 +21,6 @@ once per source tree and kept in the user's cache (``$XDG_CACHE_HOME/kvforensics
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import os
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from kvforensics.agent.remote import usercache
-from kvforensics.collectors.probe import MARKER, VERSION, canonical
+from kvforensics.collectors.probe import MARKER, VERSION, canonical, sha256_hex
 
 REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches a remote shell
 _PACKAGE = Path(__file__).resolve().parents[2] / "collectors"
@@ -199,8 +198,8 @@ def slim_blob() -> bytes:
     """The JSON the xz probe carries: ``slim`` sources, pynvml shaken. Built once per source tree (the key
     hashes every source byte), then read from the user's cache; a cache that cannot be written is skipped."""
     files = _sources()
-    key = hashlib.sha256(_SLIM_FORMAT + b"".join(hashlib.sha256(n.encode() + b"\0" + d).digest()
-                                                  for n, d in files)).hexdigest()[:32]
+    key = sha256_hex(_SLIM_FORMAT + b"".join(bytes.fromhex(sha256_hex(n.encode() + b"\0" + d))
+                                             for n, d in files))[:32]
     return _slim_blob_cached(key, tuple(files))
 
 
@@ -220,7 +219,7 @@ _XZ_NAME = re.compile(r"probe-[0-9a-f]{32}\.xz\Z")
 
 
 def _xz_path(blob: bytes) -> Path:
-    return usercache.folder() / "probe-{}.xz".format(hashlib.sha256(_SLIM_FORMAT + blob).hexdigest()[:32])
+    return usercache.folder() / "probe-{}.xz".format(sha256_hex(_SLIM_FORMAT + blob)[:32])
 
 
 @lru_cache(maxsize=4)
@@ -262,7 +261,7 @@ def _assemble(encoded_options: str, blob: bytes, packing: str) -> Probe:
     # base64, not base85: b85decode is pure Python (~5 ms of the host's CPU for a 75 KB stream, measured
     # 2026-12-01), b64decode is C; with pynvml shaken the stream is ~45 KB, and base85's 5/4 would save 4 KB.
     text = base64.b64encode(_xz(blob) if packing == "xz" else zlib.compress(blob, 9))
-    return _script(encoded_options, text, packing, hashlib.sha256(blob).hexdigest())
+    return _script(encoded_options, text, packing, sha256_hex(blob))
 
 
 def _script(encoded_options: str, text: bytes, packing: str, code_sha256: str) -> Probe:
@@ -300,14 +299,14 @@ _INDEX_FORMAT = "kvforensics-probe-index/1"
 def _stat_key() -> Optional[str]:
     """The index's key for the files ``_shipped_files`` names, from what os.stat says of them; None where one
     cannot be stat'ed (the probe is then packed from its sources)."""
-    digest = hashlib.sha256((_INDEX_FORMAT + "\0" + _SLIM_FORMAT.decode()).encode())
+    said = [_INDEX_FORMAT + "\0" + _SLIM_FORMAT.decode()]
     try:
         for name, path in _shipped_files():
             st = path.stat()
-            digest.update("{}\0{}\0{}\0{}\0".format(name, path, st.st_size, st.st_mtime_ns).encode())
+            said.append("{}\0{}\0{}\0{}\0".format(name, path, st.st_size, st.st_mtime_ns))
     except OSError:
         return None
-    return digest.hexdigest()[:32]
+    return sha256_hex("".join(said).encode())[:32]
 
 
 def _index_path(key: str) -> Path:
@@ -323,14 +322,14 @@ def _indexed_xz(key: str) -> Optional[Tuple[bytes, str]]:
         xz = (usercache.folder() / name).read_bytes()
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-    return (xz, code_sha256) if hashlib.sha256(xz).hexdigest() == xz_sha256 else None
+    return (xz, code_sha256) if sha256_hex(xz) == xz_sha256 else None
 
 
 def _index(key: str, code_sha256: str, blob: bytes) -> None:
     xz, path = _xz(blob), _xz_path(blob)
     if not path.exists():  # _xz remembers streams per process: one packed before the cache moved
         usercache.keep(path, xz)
-    line = "{} {} {}\n".format(code_sha256, hashlib.sha256(xz).hexdigest(), path.name)
+    line = "{} {} {}\n".format(code_sha256, sha256_hex(xz), path.name)
     usercache.keep(_index_path(key), line.encode("ascii"))
 
 
@@ -378,7 +377,7 @@ def parse_answer(stdout: bytes, probe: Probe) -> Dict[str, Any]:
     if answer.get("code_sha256") != probe.code_sha256:
         raise ProbeError("probe.code_mismatch", "the probe ran different code than was sent")
     snap = answer.get("snapshot")
-    if hashlib.sha256(canonical(snap).encode("ascii")).hexdigest() != answer.get("checksum"):
+    if sha256_hex(canonical(snap).encode("ascii")) != answer.get("checksum"):
         raise ProbeError("probe.checksum", "the probe's snapshot failed its checksum")
     from kvforensics.collectors.snapshot import SCHEMA as SNAPSHOT_SCHEMA  # after the answer: not before ssh starts
 

@@ -6,7 +6,6 @@ error."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 __all__ = ["folder", "keep"]
@@ -17,6 +16,8 @@ def folder() -> Path:
 
 
 def keep(path: Path, data: bytes) -> None:
+    import tempfile  # here: most runs only read the cache, and tempfile (with random) is ~1 ms before ssh starts
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".tmp-")
