@@ -209,7 +209,9 @@ def test_lazy_rows_read_as_the_tuple_they_name():
 # (and the subprocess and tempfile of its ctypes.util) only where a driver library loads. An engine's log and
 # HTTP readers bring their own.
 PROBE_HEAVY = ("zipfile", "shutil", "pathlib", "urllib", "socket", "platform", "email", "http", "ssl", "pynvml",
-               "subprocess", "tempfile", "kvforensics.collectors.selection")
+               "subprocess", "tempfile", "kvforensics.collectors.selection",
+               # an idle host's probe: no frozen dataclasses (with inspect, ast and dis, ~12 ms of its CPU), no pods
+               "dataclasses", "inspect", "kvforensics.collectors.pods")
 
 
 @needs_own_pids
@@ -226,3 +228,37 @@ def test_the_probe_imports_nothing_heavy_on_the_host():
                if line.startswith("import time:") and "|" in line}
     assert "kvforensics.collectors.snapshot" in modules  # the guard sees the probe's own imports
     assert _heavy(modules, PROBE_HEAVY) == []
+
+
+_BEFORE_SSH = """
+import json, sys
+seen = []
+def hook(event, args):
+    if event == "subprocess.Popen" and "-G" in list(args[1]) and not seen:
+        seen.append(sorted(sys.modules))
+sys.addaudithook(hook)
+from kvforensics.agent.cli import main
+main(sys.argv[1:])
+sys.stderr.write("\\nMODULES " + json.dumps(seen[0] if seen else None) + "\\n")
+"""
+# What one host's inspect does before its ssh starts is all on the on-call engineer's clock (bench/bench_fleet.py,
+# 2026-12-03); the schema check, the model and the report are imported while the handshake runs. (The records
+# are not among them: the checked flags become the analysis Options there, ~5 ms.)
+BEFORE_SSH_HEAVY = ("jsonschema", "referencing", "paramiko", "rich", "hashlib", "concurrent.futures", "logging",
+                    "tempfile", "kvforensics.agent.model.evidence", "kvforensics.agent.model.reconcile",
+                    "kvforensics.reports")
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="no OpenSSH client")
+def test_one_hosts_inspect_imports_only_what_starting_its_ssh_needs(tmp_path):
+    cfg = tmp_path / "ssh_config"  # a host on a closed port: ssh -G resolves it, and ssh fails at once
+    cfg.write_text("Host node\n  HostName 127.0.0.1\n  Port 1\n  BatchMode yes\n")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    for _ in range(2):  # the second run, as every run after a first: the packed probe read from the user's cache
+        proc = subprocess.run([sys.executable, "-c", _BEFORE_SSH, "inspect", "--ssh-config", str(cfg), "--json",
+                               "--no-http", "--transport", "openssh", "--no-multiplex", "node"], cwd=str(ROOT),
+                              capture_output=True, text=True, timeout=120, env=env)
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("MODULES "))
+    modules = json.loads(line[len("MODULES "):])
+    assert modules and "kvforensics.agent.remote.openssh" in modules  # the guard saw ssh -G start
+    assert _heavy(set(modules), BEFORE_SSH_HEAVY) == []

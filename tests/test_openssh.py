@@ -260,3 +260,54 @@ def test_a_lying_or_slow_host_costs_itself_alone_on_either_transport(keys, tmp_p
     (t,) = json.loads(out)["targets"]
     assert code == 3 and t["status"] == status and words in t["problems"][0]["message"], t["problems"]
     assert took < 20  # the 4 s deadline, not sleep's 30
+
+
+def _ssh_clients_of(cfg: Path) -> list:
+    """The live ssh processes whose command line names ``cfg`` (this test's config: no other test's)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path("/proc", pid, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"ssh") and str(cfg).encode() in argv:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_ctrl_c_ends_the_sweep_at_once_and_leaves_no_ssh_running(keys, tmp_path, transport):
+    """Six hosts whose probe never answers, two at a time: Ctrl-C starts no other host and ends the two sessions
+    under way (the old pool joined every queued host first: a 256-host sweep ran to its end after Ctrl-C)."""
+    import signal
+    import time
+
+    started = tmp_path / "started"  # a file per session that began (sshd logs at ERROR only)
+    started.mkdir()
+    slow = Sshd(tmp_path / "sshd", [keys["client"]], extra="ForceCommand touch {}/$$; exec sleep 60".format(started))
+    proc = None
+    try:
+        known = tmp_path / "known"
+        known.write_text(slow.known_hosts_line())
+        aliases = ["h{}".format(i) for i in range(6)]
+        cfg = client_config(tmp_path / "config", {a: host_options(slow, keys["client"], known) for a in aliases})
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        proc = subprocess.Popen([sys.executable, "-m", "kvforensics", "inspect", "--ssh-config", str(cfg), "--json",
+                                 "--no-http", "--timeout", "120", "--parallel", "2", "--transport", transport,
+                                 "--no-multiplex", *aliases], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env)
+        for _ in range(600):  # both first sessions running their (endless) command
+            if len(os.listdir(str(started))) >= 2:
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # not the 3 rounds of sleep 60 still queued
+        assert proc.returncode == 130, err[-2000:]
+        assert len(os.listdir(str(started))) == 2  # no host was started after Ctrl-C
+        assert _ssh_clients_of(cfg) == []
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        slow.stop()

@@ -7,12 +7,13 @@ A host that fails never stops the others; every target ends with a status:
 
 from __future__ import annotations
 
-import concurrent.futures
+import os
+import queue
 import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from kvforensics.agent.remote import probe as probe_mod
 from kvforensics.agent.remote import transport
@@ -109,26 +110,108 @@ def _collect_one(target: str, way: transport.Transport, opts: FleetOptions, prob
 
 def run(targets: Sequence[str], opts: FleetOptions, on_done: Optional[Callable[[HostResult], None]] = None,
         while_waiting: Optional[Callable[[], None]] = None) -> List[HostResult]:
-    """Every target's result, in the order given. ``while_waiting`` runs once, here, as soon as the first probe
-    is on its way: work for the handshake's time (imports), never before a host's ssh has started."""
+    """Every target's result, in the order given. ``while_waiting`` runs once, as soon as the first probe is on its
+    way, in the ``Background``: work for the handshake's time (imports), never before a host's ssh has started,
+    and done before the first ``on_done``. Interrupted (Ctrl-C) or failing here, the sweep stops at once: no
+    host is started after it, the sessions under way are ended (``Transport.abandon``), and it is raised again."""
     way = transport.choose(opts.transport, transport.Settings(
         ssh_config=opts.ssh_config, accept_new=opts.accept_new, identity=opts.identity, multiplex=opts.multiplex,
         interactive=len(targets) == 1 and sys.stdin.isatty()))
     probe = probe_mod.build(dict(opts.probe_options, time_limit_s=opts.timeout_s))
     results: Dict[int, HostResult] = {}
-    workers = max(1, min(opts.parallel, len(targets)))
     sent = threading.Event()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_collect_one, t, way, opts, probe, sent): i for i, t in enumerate(targets)}
+    sweep = _Sweep(targets, lambda t: _collect_one(t, way, opts, probe, sent), max(1, min(opts.parallel,
+                                                                                             len(targets))))
+    warming = None
+    try:
         if while_waiting is not None:
             sent.wait()
-            while_waiting()
-        for fut in concurrent.futures.as_completed(futures):
-            res = fut.result()
-            results[futures[fut]] = res
+            warming = Background(while_waiting)
+        for index, res in sweep.completed():
+            results[index] = res
+            if warming is not None:  # what on_done uses is imported before it runs, as it was in one thread
+                warming.finish()
+                warming = None
             if on_done is not None:
                 on_done(res)
+        if warming is not None:
+            warming.finish()
+    except BaseException:
+        sweep.stop()
+        way.abandon()
+        raise
     return [results[i] for i in range(len(targets))]
+
+
+class _Sweep(object):
+    """``collect(target)`` for every target, ``workers`` at a time, on daemon threads; results as they complete.
+
+    Not concurrent.futures: its pool joins every worker when the sweep ends, so a Ctrl-C waited for every host
+    still queued (a 256-host sweep, to its end), and its import (logging with it) cost ~3 ms before the first
+    ssh. ``collect`` returns a result for every failure of a host; what it raises ends the sweep."""
+
+    def __init__(self, targets: Sequence[str], collect: Callable[[str], HostResult], workers: int) -> None:
+        self._todo: "queue.SimpleQueue[Tuple[int, str]]" = queue.SimpleQueue()
+        self._done: "queue.SimpleQueue[Tuple[int, Optional[HostResult], Optional[BaseException]]]" = \
+            queue.SimpleQueue()
+        self._stopped = threading.Event()
+        self._collect = collect
+        self._count = len(targets)
+        for item in enumerate(targets):
+            self._todo.put(item)
+        for n in range(workers):
+            threading.Thread(target=self._work, name="kvforensics-host-{}".format(n), daemon=True).start()
+
+    def _work(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                index, target = self._todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._done.put((index, self._collect(target), None))
+            except BaseException as exc:  # noqa: BLE001 - raised again in the sweep's thread, by completed()
+                self._done.put((index, None, exc))
+
+    def completed(self) -> Iterator[Tuple[int, HostResult]]:
+        for _ in range(self._count):
+            index, res, exc = self._done.get()
+            if exc is not None:
+                raise exc
+            assert res is not None
+            yield index, res
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+class Background(object):
+    """``work()`` on a thread of its own at the lowest CPU priority (Linux: nice 19 for that thread alone), for
+    work done ahead of need: while the handshakes run it takes only the CPU that ssh, sshd and the probe leave
+    idle (on a client that shares its cores with them, at ``nice 0`` it stretched every handshake). ``finish``
+    waits for it and raises what it raised."""
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._work = work
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="kvforensics-warm-up", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if sys.platform.startswith("linux"):  # where PRIO_PROCESS of a thread id is that thread's own priority
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except OSError:
+                pass
+        try:
+            self._work()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread, by finish()
+            self._error = exc
+
+    def finish(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def progress_printer(total: int) -> Tuple[Callable[[HostResult], None], Callable[[], None]]:

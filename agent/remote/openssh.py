@@ -32,9 +32,10 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from kvforensics.agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
 from kvforensics.agent.remote.targets import split_target
@@ -142,6 +143,40 @@ class Options:
     interactive: bool = False  # one host from a terminal: ssh may ask for a passphrase there
 
 
+class Sessions(object):
+    """The ssh processes one transport has running, so that a sweep that stops (Ctrl-C) ends them at once rather
+    than leave them to finish a probe nobody waits for; once abandoned, it starts no more."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: Set[subprocess.Popen] = set()  # type: ignore[type-arg]
+        self._abandoned = False
+
+    def start(self, argv: List[str]) -> subprocess.Popen:  # type: ignore[type-arg]
+        with self._lock:
+            if self._abandoned:
+                raise SshError("error", "the sweep was stopped before this host's ssh started")
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, close_fds=True)
+            self._live.add(proc)
+            return proc
+
+    def ended(self, proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+        with self._lock:
+            self._live.discard(proc)
+
+    def abandon(self) -> None:
+        """SIGTERM to every live ssh's process group (ssh and its ProxyCommand): ssh closes its channel, and sshd
+        hangs up the probe's session; the caller's threads then reap them."""
+        with self._lock:
+            self._abandoned = True
+            for proc in self._live:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except OSError:
+                    pass
+
+
 @dataclass
 class Connection:
     """One host through ssh: its argv (without the remote command) and what ssh said about it."""
@@ -151,6 +186,7 @@ class Connection:
     destination: List[str]  # ["-l", user, "-p", port, "--", host]
     settings: Dict[str, str]  # ``ssh -G`` of the destination
     options: Options
+    sessions: Sessions = field(default_factory=Sessions)
     fingerprint: str = ""  # of everything ssh -G resolved: which master connection this destination may share
     connect_timeout: int = 0  # the ConnectTimeout the last ssh ran with
     notes: List[str] = field(default_factory=list)
@@ -202,7 +238,7 @@ class Connection:
                 "-o", "ControlPersist={}".format(CONTROL_PERSIST_S)]
 
     def exec(self, command: str, stdin: bytes, deadline: float) -> ExecResult:
-        out, err, status = _run(self.argv(command, deadline), stdin, deadline)
+        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline)
         ssh_lines, remote = _split_stderr(err)
         if status == _SSH_ERROR:
             raise _failure(self, ssh_lines, err)
@@ -213,7 +249,7 @@ class Connection:
         """Nothing to close: a shared master lives on for ControlPersist, then exits by itself."""
 
 
-def connect(target: str, options: Options, deadline: float) -> Connection:
+def connect(target: str, options: Options, deadline: float, sessions: Optional[Sessions] = None) -> Connection:
     """The destination checked and resolved by ssh itself (``ssh -G``); nothing is sent to the host yet."""
     client = find_client()
     if client is None:
@@ -227,7 +263,7 @@ def connect(target: str, options: Options, deadline: float) -> Connection:
     destination = (["-l", user] if user else []) + (["-p", str(port)] if port else []) + ["--", host]
     settings, resolved = _settings(client, options, destination, target, deadline)
     _check_jumps(client, options, settings, target, deadline)
-    conn = Connection(client, target, destination, settings, options)
+    conn = Connection(client, target, destination, settings, options, sessions or Sessions())
     seen = "\0".join((resolved, conn.strictness(), options.identity or "", str(options.interactive)))
     conn.fingerprint = sha256_hex(seen.encode("utf-8", "replace"))[:32]
     return conn
@@ -277,11 +313,10 @@ def _settings(client: Client, options: Options, destination: List[str], target: 
     return out, text
 
 
-def _run(argv: List[str], stdin: bytes, deadline: float) -> Tuple[bytes, bytes, int]:
+def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float) -> Tuple[bytes, bytes, int]:
     """Run ssh with ``stdin``; (stdout, stderr, exit status). Bounded in time (the deadline kills its process
     group: ssh and its ProxyCommand) and in memory (the caps)."""
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, close_fds=True)
+    proc = sessions.start(argv)
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -323,6 +358,7 @@ def _run(argv: List[str], stdin: bytes, deadline: float) -> Tuple[bytes, bytes, 
             except OSError:
                 pass
             proc.wait()
+        sessions.ended(proc)
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if not f.closed:
                 f.close()

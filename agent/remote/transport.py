@@ -33,6 +33,8 @@ class Transport(Protocol):
 
     def open(self, target: str, deadline: float) -> Connection: ...  # noqa: E704
 
+    def abandon(self) -> None: ...  # noqa: E704 - the sweep stopped: end what runs, open nothing more
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -75,6 +77,10 @@ class Paramiko:
         return _ParamikoConnection(ssh.connect(spec, self.config, deadline, self.settings.accept_new,
                                                self.settings.interactive))
 
+    def abandon(self) -> None:
+        """Nothing to end: paramiko's sessions are this process's own sockets, closed with it (the sweep's
+        threads are daemons), and sshd then hangs up their sessions."""
+
 
 class OpenSsh:
     """The system's ssh (agent/remote/openssh.py)."""
@@ -87,11 +93,15 @@ class OpenSsh:
         self.options = openssh.Options(ssh_config=settings.ssh_config, accept_new=settings.accept_new,
                                        identity=settings.identity, multiplex=settings.multiplex,
                                        interactive=settings.interactive)
+        self.sessions = openssh.Sessions()
 
     def open(self, target: str, deadline: float) -> Connection:
         from kvforensics.agent.remote import openssh
 
-        return openssh.connect(target, self.options, deadline)
+        return openssh.connect(target, self.options, deadline, self.sessions)
+
+    def abandon(self) -> None:
+        self.sessions.abandon()
 
 
 def choose(name: str, settings: Settings) -> Transport:
