@@ -377,10 +377,12 @@ def test_pyproject_names_every_package_folder():
     """The folders are installed under another name, so their packages are listed in pyproject.toml by hand: a
     new engine's folder missing there would be missing from the wheel."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
     tree = {"kvforensics"} | {"kvforensics." + ".".join(p.parent.relative_to(ROOT).parts)
                               for top in ("agent", "collectors", "reports") for p in (ROOT / top).rglob("__init__.py")}
-    assert listed == tree
+    data = set(setuptools["package-data"])  # folders of data alone (the schemas): packages to setuptools too
+    assert listed == tree | data
 
 
 def test_the_sdist_holds_what_the_tests_need(tmp_path):
