@@ -275,10 +275,11 @@ def _ssh_clients_of(cfg: Path) -> list:
     return found
 
 
-@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
-def test_ctrl_c_ends_the_sweep_at_once_and_leaves_no_ssh_running(keys, tmp_path, transport):
-    """Six hosts whose probe never answers, two at a time: Ctrl-C starts no other host and ends the two sessions
-    under way (the old pool joined every queued host first: a 256-host sweep ran to its end after Ctrl-C)."""
+@pytest.mark.parametrize("transport,signum", [("openssh", "SIGINT"), ("paramiko", "SIGINT"), ("openssh", "SIGTERM")])
+def test_ctrl_c_ends_the_sweep_at_once_and_leaves_no_ssh_running(keys, tmp_path, transport, signum):
+    """Six hosts whose probe never answers, two at a time: Ctrl-C (or SIGTERM) starts no other host and ends the
+    two sessions under way (the old pool joined every queued host first: a 256-host sweep ran to its end after
+    Ctrl-C; SIGTERM left the ssh processes to finish on their own)."""
     import signal
     import time
 
@@ -301,7 +302,7 @@ def test_ctrl_c_ends_the_sweep_at_once_and_leaves_no_ssh_running(keys, tmp_path,
                 break
             time.sleep(0.05)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signum))
         _, err = proc.communicate(timeout=60)  # not the 3 rounds of sleep 60 still queued
         assert proc.returncode == 130, err[-2000:]
         assert len(os.listdir(str(started))) == 2  # no host was started after Ctrl-C

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from kvforensics.agent.remote import probe as probe_mod
-from kvforensics.agent.remote import transport
+from kvforensics.agent.remote import stopping, transport
 from kvforensics.agent.remote.outcome import ExecResult, SshError
 
 DEFAULT_PARALLEL = 16
@@ -112,8 +112,9 @@ def run(targets: Sequence[str], opts: FleetOptions, on_done: Optional[Callable[[
         while_waiting: Optional[Callable[[], None]] = None) -> List[HostResult]:
     """Every target's result, in the order given. ``while_waiting`` runs once, as soon as the first probe is on its
     way, in the ``Background``: work for the handshake's time (imports), never before a host's ssh has started,
-    and done before the first ``on_done``. Interrupted (Ctrl-C) or failing here, the sweep stops at once: no
-    host is started after it, the sessions under way are ended (``Transport.abandon``), and it is raised again."""
+    and done before the first ``on_done``. Interrupted (Ctrl-C or SIGTERM) or failing here, the sweep stops at
+    once: no host is started after it, the sessions under way are ended (``Transport.abandon``), and it is raised
+    again."""
     way = transport.choose(opts.transport, transport.Settings(
         ssh_config=opts.ssh_config, accept_new=opts.accept_new, identity=opts.identity, multiplex=opts.multiplex,
         interactive=len(targets) == 1 and sys.stdin.isatty()))
@@ -123,23 +124,24 @@ def run(targets: Sequence[str], opts: FleetOptions, on_done: Optional[Callable[[
     sweep = _Sweep(targets, lambda t: _collect_one(t, way, opts, probe, sent), max(1, min(opts.parallel,
                                                                                              len(targets))))
     warming = None
-    try:
-        if while_waiting is not None:
-            sent.wait()
-            warming = Background(while_waiting)
-        for index, res in sweep.completed():
-            results[index] = res
-            if warming is not None:  # what on_done uses is imported before it runs, as it was in one thread
+    with stopping.sigterm_interrupts(sweep.stopped):
+        try:
+            if while_waiting is not None:
+                sent.wait()
+                warming = Background(while_waiting)
+            for index, res in sweep.completed():
+                results[index] = res
+                if warming is not None:  # what on_done uses is imported before it runs, as it was in one thread
+                    warming.finish()
+                    warming = None
+                if on_done is not None:
+                    on_done(res)
+            if warming is not None:
                 warming.finish()
-                warming = None
-            if on_done is not None:
-                on_done(res)
-        if warming is not None:
-            warming.finish()
-    except BaseException:
-        sweep.stop()
-        way.abandon()
-        raise
+        except BaseException:  # Ctrl-C, SIGTERM, a failure here: nothing more starts, what runs is ended
+            sweep.stopped.set()
+            way.abandon()
+            raise
     return [results[i] for i in range(len(targets))]
 
 
@@ -154,7 +156,7 @@ class _Sweep(object):
         self._todo: "queue.SimpleQueue[Tuple[int, str]]" = queue.SimpleQueue()
         self._done: "queue.SimpleQueue[Tuple[int, Optional[HostResult], Optional[BaseException]]]" = \
             queue.SimpleQueue()
-        self._stopped = threading.Event()
+        self.stopped = threading.Event()  # set: no host is started after the one each worker has
         self._collect = collect
         self._count = len(targets)
         for item in enumerate(targets):
@@ -163,7 +165,7 @@ class _Sweep(object):
             threading.Thread(target=self._work, name="kvforensics-host-{}".format(n), daemon=True).start()
 
     def _work(self) -> None:
-        while not self._stopped.is_set():
+        while not self.stopped.is_set():
             try:
                 index, target = self._todo.get_nowait()
             except queue.Empty:
@@ -180,9 +182,6 @@ class _Sweep(object):
                 raise exc
             assert res is not None
             yield index, res
-
-    def stop(self) -> None:
-        self._stopped.set()
 
 
 class Background(object):

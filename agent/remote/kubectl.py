@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kvforensics.agent.remote import probe as probe_mod
+from kvforensics.agent.remote import stopping
 from kvforensics.collectors import pods
 
 PREFIX = "k8s:"
@@ -158,9 +159,10 @@ def _left(deadline: float) -> float:
 
 
 class _Kubectl:
-    """One kubectl process in a session (process group) of its own, so that the deadline, Ctrl-C or SIGTERM
-    kills it and whatever it forked (a wrapper script's child); its stderr kept to MAX_STDERR_BYTES in memory
-    (nothing spooled to /tmp), the rest read and dropped. None is started once the deadline has passed."""
+    """One kubectl process in a process group of its own (stopping.OWN_PROCESS_GROUP), so that the deadline,
+    Ctrl-C or SIGTERM kills it and whatever it forked (a wrapper script's child); its stderr kept to
+    MAX_STDERR_BYTES in memory (nothing spooled to /tmp), the rest read and dropped. None is started once the
+    deadline has passed."""
 
     def __init__(self, argv: List[str], stdin: Any, deadline: float) -> None:
         left = _left(deadline)
@@ -168,7 +170,7 @@ class _Kubectl:
             raise KubectlError("error", "kubectl.interrupted", "interrupted before kubectl {} ran".format(argv[1]))
         try:
             self.proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         start_new_session=True)
+                                         **stopping.OWN_PROCESS_GROUP)
         except OSError as exc:
             raise _cannot_run(exc) from None
         _LIVE.add(self.proc)
@@ -409,36 +411,17 @@ def run(names: Sequence[str], context: Optional[str], options: Dict[str, Any], t
     probe = probe_mod.build(dict(options, time_limit_s=timeout_s))
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names))))
     _STOPPING.clear()
-    previous = _on_sigterm()
     futures: List[concurrent.futures.Future] = []
-    try:
-        futures = [pool.submit(collect_one, n, context, probe, options, timeout_s) for n in names]
-        return [f.result() for f in futures]
-    except BaseException:  # Ctrl-C, SIGTERM: the pods not begun are dropped, every kubectl and its children
-        _STOPPING.set()  # killed now; the workers then end and remove their temporary folders
-        for future in futures:
-            future.cancel()
-        for proc in list(_LIVE):
-            kill_group(proc)
-        raise
-    finally:
-        pool.shutdown(wait=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during a run: ended like Ctrl-C, after the kubectl processes are killed and /tmp is clean."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    if not _STOPPING.is_set():  # once: a second SIGTERM must not cut the cleanup short
-        raise Terminated()
-
-
-def _on_sigterm() -> Any:
-    """SIGTERM raises Terminated in the main thread for the length of a run (the default would exit without
-    killing kubectl or removing its folders); the handler it replaces, or None off the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _raise_terminated)
+    with stopping.sigterm_interrupts(_STOPPING):
+        try:
+            futures = [pool.submit(collect_one, n, context, probe, options, timeout_s) for n in names]
+            return [f.result() for f in futures]
+        except BaseException:  # Ctrl-C, SIGTERM: the pods not begun are dropped, every kubectl and its children
+            _STOPPING.set()  # killed now; the workers then end and remove their temporary folders
+            for future in futures:
+                future.cancel()
+            for proc in list(_LIVE):
+                kill_group(proc)
+            raise
+        finally:
+            pool.shutdown(wait=True)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from kvforensics.agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
+from kvforensics.agent.remote.stopping import OWN_PROCESS_GROUP
 from kvforensics.agent.remote.targets import split_target
 from kvforensics.collectors.probe import sha256_hex
 
@@ -152,12 +153,15 @@ class Sessions(object):
         self._live: Set[subprocess.Popen] = set()  # type: ignore[type-arg]
         self._abandoned = False
 
-    def start(self, argv: List[str]) -> subprocess.Popen:  # type: ignore[type-arg]
+    def start(self, argv: List[str], foreground: bool = False) -> subprocess.Popen:  # type: ignore[type-arg]
+        """ssh in a process group of its own (its ProxyCommand ended with it), or, ``foreground`` (one host on a
+        terminal, where ssh may ask for a passphrase on /dev/tty), in this process's own: in a group of its own
+        it would be stopped (SIGTTIN) at the prompt."""
         with self._lock:
             if self._abandoned:
                 raise SshError("error", "the sweep was stopped before this host's ssh started")
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True)
+                                    close_fds=True, **({} if foreground else OWN_PROCESS_GROUP))
             self._live.add(proc)
             return proc
 
@@ -171,10 +175,18 @@ class Sessions(object):
         with self._lock:
             self._abandoned = True
             for proc in self._live:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except OSError:
-                    pass
+                _end(proc, signal.SIGTERM)
+
+
+def _end(proc: subprocess.Popen, signum: int) -> None:  # type: ignore[type-arg]
+    """``signum`` to ssh and its process group when it leads one (Sessions.start), else to ssh alone."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -238,7 +250,8 @@ class Connection:
                 "-o", "ControlPersist={}".format(CONTROL_PERSIST_S)]
 
     def exec(self, command: str, stdin: bytes, deadline: float) -> ExecResult:
-        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline)
+        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline,
+                                self.options.interactive)
         ssh_lines, remote = _split_stderr(err)
         if status == _SSH_ERROR:
             raise _failure(self, ssh_lines, err)
@@ -296,7 +309,7 @@ def _settings(client: Client, options: Options, destination: List[str], target: 
     argv = [client.path, "-G"] + (["-F", options.ssh_config] if options.ssh_config else []) + destination
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=max(1.0, min(30.0, deadline - time.monotonic())), start_new_session=True)
+                              timeout=max(1.0, min(30.0, deadline - time.monotonic())), **OWN_PROCESS_GROUP)
     except subprocess.TimeoutExpired:
         raise SshError("error", "{}: ssh -G did not answer (a Match exec command that hangs?)".format(target)) \
             from None
@@ -313,10 +326,11 @@ def _settings(client: Client, options: Options, destination: List[str], target: 
     return out, text
 
 
-def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float) -> Tuple[bytes, bytes, int]:
+def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float,
+         foreground: bool = False) -> Tuple[bytes, bytes, int]:
     """Run ssh with ``stdin``; (stdout, stderr, exit status). Bounded in time (the deadline kills its process
     group: ssh and its ProxyCommand) and in memory (the caps)."""
-    proc = sessions.start(argv)
+    proc = sessions.start(argv, foreground)
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -353,10 +367,7 @@ def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float) -> 
     finally:
         sel.close()
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            _end(proc, signal.SIGKILL)
             proc.wait()
         sessions.ended(proc)
         for f in (proc.stdin, proc.stdout, proc.stderr):
