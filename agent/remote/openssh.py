@@ -153,15 +153,12 @@ class Sessions(object):
         self._live: Set[subprocess.Popen] = set()  # type: ignore[type-arg]
         self._abandoned = False
 
-    def start(self, argv: List[str], foreground: bool = False) -> subprocess.Popen:  # type: ignore[type-arg]
-        """ssh in a process group of its own (its ProxyCommand ended with it), or, ``foreground`` (one host on a
-        terminal, where ssh may ask for a passphrase on /dev/tty), in this process's own: in a group of its own
-        it would be stopped (SIGTTIN) at the prompt."""
+    def start(self, argv: List[str]) -> subprocess.Popen:  # type: ignore[type-arg]
         with self._lock:
             if self._abandoned:
                 raise SshError("error", "the sweep was stopped before this host's ssh started")
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    close_fds=True, **({} if foreground else OWN_PROCESS_GROUP))
+                                    close_fds=True, **OWN_PROCESS_GROUP)
             self._live.add(proc)
             return proc
 
@@ -179,7 +176,7 @@ class Sessions(object):
 
 
 def _end(proc: subprocess.Popen, signum: int) -> None:  # type: ignore[type-arg]
-    """``signum`` to ssh and its process group when it leads one (Sessions.start), else to ssh alone."""
+    """``signum`` to ssh and its process group (Sessions.start: it leads one), or to ssh alone where it does not."""
     try:
         if os.getpgid(proc.pid) == proc.pid:
             os.killpg(proc.pid, signum)
@@ -250,8 +247,7 @@ class Connection:
                 "-o", "ControlPersist={}".format(CONTROL_PERSIST_S)]
 
     def exec(self, command: str, stdin: bytes, deadline: float) -> ExecResult:
-        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline,
-                                self.options.interactive)
+        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline)
         ssh_lines, remote = _split_stderr(err)
         if status == _SSH_ERROR:
             raise _failure(self, ssh_lines, err)
@@ -326,11 +322,10 @@ def _settings(client: Client, options: Options, destination: List[str], target: 
     return out, text
 
 
-def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float,
-         foreground: bool = False) -> Tuple[bytes, bytes, int]:
+def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float) -> Tuple[bytes, bytes, int]:
     """Run ssh with ``stdin``; (stdout, stderr, exit status). Bounded in time (the deadline kills its process
     group: ssh and its ProxyCommand) and in memory (the caps)."""
-    proc = sessions.start(argv, foreground)
+    proc = sessions.start(argv)
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

@@ -6,22 +6,20 @@ them to finish on their own."""
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator
 
 __all__ = ["OWN_PROCESS_GROUP", "Terminated", "sigterm_interrupts"]
 
-# Popen's keywords for a child in a process group of its own (os.killpg then ends it and what it forked: ssh and
-# its ProxyCommand, a kubectl wrapper's child; the terminal's Ctrl-C reaches this process alone), in this
-# process's session. Not a session of its own (start_new_session): with the kernel's scheduler autogroups (on by
-# default) each session competes as one for the CPU, so 64 ssh clients in 64 sessions had 64 shares against one
-# for everything else on the machine — this run's own work and, on a loopback sweep, sshd and every probe: a
-# 128-host sweep 64 at a time took 44 s instead of 28, and its sessions 545 ms of the host's CPU each instead
-# of 311 (2026-12-03). Python 3.11 has process_group; before it, only a session of its own is free of
-# preexec_fn, which is unsafe in a program with threads.
-OWN_PROCESS_GROUP: Dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+# Popen's keywords for a child in a process group of its own: os.killpg then ends it and what it forked (ssh and its
+# ProxyCommand, a kubectl wrapper's child), and the terminal's Ctrl-C reaches this process alone. A session of its
+# own, today. Measured (2026-12-03, bench/RESULTS.md): with the kernel's scheduler autogroups (on by default) each
+# session competes as one for the CPU, so 64 ssh clients in 64 sessions take 64 shares against one for all else on
+# the machine; ``process_group=0`` (Python 3.11+, this process's session) made a 128-host loopback sweep 64 at a
+# time 28 s instead of 44, but ~10 % of its hosts then answered nothing (ssh exit 0, its output cut after the
+# session opened), which is not understood yet: kept out until it is.
+OWN_PROCESS_GROUP: Dict[str, Any] = {"start_new_session": True}
 
 
 class Terminated(KeyboardInterrupt):
