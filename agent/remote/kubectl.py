@@ -15,7 +15,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -184,7 +183,7 @@ class _Kubectl:
 
     def _expire(self) -> None:
         self.expired.set()
-        kill_group(self.proc)
+        stopping.kill_group(self.proc)
 
     def _drain_stderr(self) -> None:
         """Its first and last MAX_STDERR_BYTES / 2: kubectl's own error comes last, after whatever flooded."""
@@ -204,7 +203,7 @@ class _Kubectl:
     def finish(self, what: str) -> Tuple[int, str]:
         """Stop it (a no-op once it exited), reap it; (exit status, stderr made printable)."""
         self._timer.cancel()
-        kill_group(self.proc)
+        stopping.kill_group(self.proc)
         self.proc.wait()
         self._reader.join(timeout=5)
         _LIVE.discard(self.proc)
@@ -216,13 +215,6 @@ class _Kubectl:
 
 _LIVE: "set" = set()  # every kubectl running now, for Ctrl-C and SIGTERM (run)
 _STOPPING = threading.Event()  # set by run on Ctrl-C or SIGTERM: no kubectl starts after it
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def printable(text: str) -> str:
@@ -421,7 +413,7 @@ def run(names: Sequence[str], context: Optional[str], options: Dict[str, Any], t
             for future in futures:
                 future.cancel()
             for proc in list(_LIVE):
-                kill_group(proc)
+                stopping.kill_group(proc)
             raise
         finally:
             pool.shutdown(wait=True)

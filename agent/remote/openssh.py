@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from kvforensics.agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
-from kvforensics.agent.remote.stopping import OWN_PROCESS_GROUP
+from kvforensics.agent.remote.stopping import OWN_PROCESS_GROUP, kill_group
 from kvforensics.agent.remote.targets import split_target
 from kvforensics.collectors.probe import sha256_hex
 
@@ -172,18 +172,7 @@ class Sessions(object):
         with self._lock:
             self._abandoned = True
             for proc in self._live:
-                _end(proc, signal.SIGTERM)
-
-
-def _end(proc: subprocess.Popen, signum: int) -> None:  # type: ignore[type-arg]
-    """``signum`` to ssh and its process group (Sessions.start: it leads one), or to ssh alone where it does not."""
-    try:
-        if os.getpgid(proc.pid) == proc.pid:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-    except OSError:
-        pass
+                kill_group(proc, signal.SIGTERM)
 
 
 @dataclass
@@ -195,7 +184,7 @@ class Connection:
     destination: List[str]  # ["-l", user, "-p", port, "--", host]
     settings: Dict[str, str]  # ``ssh -G`` of the destination
     options: Options
-    sessions: Sessions = field(default_factory=Sessions)
+    sessions: Sessions  # the transport's: what a stopped sweep ends
     fingerprint: str = ""  # of everything ssh -G resolved: which master connection this destination may share
     connect_timeout: int = 0  # the ConnectTimeout the last ssh ran with
     notes: List[str] = field(default_factory=list)
@@ -362,7 +351,7 @@ def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float) -> 
     finally:
         sel.close()
         if proc.poll() is None:
-            _end(proc, signal.SIGKILL)
+            kill_group(proc)
             proc.wait()
         sessions.ended(proc)
         for f in (proc.stdin, proc.stdout, proc.stderr):

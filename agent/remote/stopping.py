@@ -5,12 +5,16 @@ them to finish on their own."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator
+from typing import TYPE_CHECKING, Any, Dict, Iterator
 
-__all__ = ["OWN_PROCESS_GROUP", "Terminated", "sigterm_interrupts"]
+if TYPE_CHECKING:
+    import subprocess
+
+__all__ = ["OWN_PROCESS_GROUP", "Terminated", "kill_group", "sigterm_interrupts"]
 
 # Popen's keywords for a child in a process group of its own: os.killpg then ends it and what it forked (ssh and its
 # ProxyCommand, a kubectl wrapper's child), and the terminal's Ctrl-C reaches this process alone. A session of its
@@ -20,6 +24,14 @@ __all__ = ["OWN_PROCESS_GROUP", "Terminated", "sigterm_interrupts"]
 # time 28 s instead of 44, but ~10 % of its hosts then answered nothing (ssh exit 0, its output cut after the
 # session opened), which is not understood yet: kept out until it is.
 OWN_PROCESS_GROUP: Dict[str, Any] = {"start_new_session": True}
+
+
+def kill_group(proc: "subprocess.Popen[bytes]", signum: int = signal.SIGKILL) -> None:
+    """``signum`` to a child started with OWN_PROCESS_GROUP and everything in its group; gone already is fine."""
+    try:
+        os.killpg(proc.pid, signum)
+    except OSError:  # gone (ESRCH), or not ours to signal: in a cleanup, never a traceback
+        pass
 
 
 class Terminated(KeyboardInterrupt):
