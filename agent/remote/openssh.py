@@ -153,12 +153,14 @@ class Sessions(object):
         self._live: Set[subprocess.Popen] = set()  # type: ignore[type-arg]
         self._abandoned = False
 
-    def start(self, argv: List[str]) -> subprocess.Popen:  # type: ignore[type-arg]
+    def start(self, argv: List[str], on_terminal: bool = False) -> subprocess.Popen:  # type: ignore[type-arg]
+        """ssh on pipes, in a process group of its own; ``on_terminal``, in ours, as a typed ``ssh`` runs: a
+        passphrase is read from the terminal, which stops (SIGTTOU) a process outside its foreground group."""
         with self._lock:
             if self._abandoned:
                 raise SshError("error", "the sweep was stopped before this host's ssh started")
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    close_fds=True, **OWN_PROCESS_GROUP)
+                                    close_fds=True, **({} if on_terminal else OWN_PROCESS_GROUP))
             self._live.add(proc)
             return proc
 
@@ -236,7 +238,8 @@ class Connection:
                 "-o", "ControlPersist={}".format(CONTROL_PERSIST_S)]
 
     def exec(self, command: str, stdin: bytes, deadline: float) -> ExecResult:
-        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline)
+        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline,
+                                self.options.interactive)
         ssh_lines, remote = _split_stderr(err)
         if status == _SSH_ERROR:
             raise _failure(self, ssh_lines, err)
@@ -311,10 +314,11 @@ def _settings(client: Client, options: Options, destination: List[str], target: 
     return out, text
 
 
-def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float) -> Tuple[bytes, bytes, int]:
+def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float,
+         on_terminal: bool = False) -> Tuple[bytes, bytes, int]:
     """Run ssh with ``stdin``; (stdout, stderr, exit status). Bounded in time (the deadline kills its process
     group: ssh and its ProxyCommand) and in memory (the caps)."""
-    proc = sessions.start(argv)
+    proc = sessions.start(argv, on_terminal)
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -327,17 +331,24 @@ def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float) -> 
         sel.register(proc.stdin, selectors.EVENT_WRITE, None)
     else:
         proc.stdin.close()
+    exited = False
     try:
         while sel.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SshError("unreachable", "deadline reached while the probe ran")
-            if proc.poll() is not None and not any(k.fileobj is proc.stdin for k in sel.get_map().values()):
-                # ssh is gone: read what is buffered, without waiting for EOF (a shared master it started
-                # may hold a copy of the pipes for as long as it persists)
+            # ssh's exit is looked at before the select, never after it: ssh writes its last output, then exits, and
+            # a thread may wait for the GIL between a select that timed out and its next line for long enough that
+            # ssh did both meanwhile; "nothing came, and ssh is gone", seen in that order, lost 4-16 % of the
+            # answers of 128 hosts 64 at a time (bench/RESULTS.md, 2026-12-03). Seen first, the exit means all ssh
+            # wrote is in the pipes when the select starts, and the select finds it.
+            exited = exited or proc.poll() is not None
+            if exited:
+                # read what is buffered, then stop at the first quiet moment rather than wait for EOF: a shared
+                # master this ssh started may hold a copy of the pipes for as long as it persists
                 left = min(left, 0.2)
             events = sel.select(timeout=min(left, 0.5))
-            if not events and proc.poll() is not None:
+            if not events and exited:
                 break
             for key, _ in events:
                 if key.fileobj is proc.stdin:

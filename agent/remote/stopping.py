@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator
@@ -17,19 +18,22 @@ if TYPE_CHECKING:
 __all__ = ["OWN_PROCESS_GROUP", "Terminated", "kill_group", "sigterm_interrupts"]
 
 # Popen's keywords for a child in a process group of its own: os.killpg then ends it and what it forked (ssh and its
-# ProxyCommand, a kubectl wrapper's child), and the terminal's Ctrl-C reaches this process alone. A session of its
-# own, today. Measured (2026-12-03, bench/RESULTS.md): with the kernel's scheduler autogroups (on by default) each
-# session competes as one for the CPU, so 64 ssh clients in 64 sessions take 64 shares against one for all else on
-# the machine; ``process_group=0`` (Python 3.11+, this process's session) made a 128-host loopback sweep 64 at a
-# time 28 s instead of 44, but ~10 % of its hosts then answered nothing (ssh exit 0, its output cut after the
-# session opened), which is not understood yet: kept out until it is.
-OWN_PROCESS_GROUP: Dict[str, Any] = {"start_new_session": True}
+# ProxyCommand, a kubectl wrapper's child), and the terminal's Ctrl-C reaches this process alone. A group in this
+# process's session (Python 3.11+), not a session of its own: with the kernel's scheduler autogroups (on by default)
+# each session competes as one for the CPU, so 64 ssh clients in 64 sessions took 64 shares against one for all else
+# on the machine. Measured (2026-12-03, bench/RESULTS.md): 128 loopback hosts 64 at a time, 33 s instead of 53 s.
+OWN_PROCESS_GROUP: Dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 
 def kill_group(proc: "subprocess.Popen[bytes]", signum: int = signal.SIGKILL) -> None:
-    """``signum`` to a child started with OWN_PROCESS_GROUP and everything in its group; gone already is fine."""
+    """``signum`` to a child and everything in its group when it leads one (started with OWN_PROCESS_GROUP), to
+    the child alone when it shares ours (an ssh in the terminal's foreground, asking for a passphrase); gone
+    already is fine."""
     try:
-        os.killpg(proc.pid, signum)
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)  # which reaps first, so never a pid the kernel has given to another
     except OSError:  # gone (ESRCH), or not ours to signal: in a cleanup, never a traceback
         pass
 
