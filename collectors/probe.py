@@ -17,6 +17,9 @@ from typing import Any, Dict
 
 MARKER = "KVF-PROBE "
 VERSION = 1
+# How a host runs the probe: the script on stdin, to this fixed command; nothing the user types ever reaches a
+# remote shell.
+REMOTE_COMMAND = "python3 -I -"
 ALLOWED = ("nvml_lib", "log", "startup", "model_config_path", "http", "engine")
 
 

@@ -89,3 +89,16 @@ def client_config(path: Path, hosts: dict) -> Path:
 
 
 USER = getpass.getuser()
+
+
+def ssh_clients_naming(cfg: Path) -> List[int]:
+    """The live ssh processes whose command line names ``cfg`` (one test's config: no other test's)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path("/proc", pid, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"ssh") and str(cfg).encode() in argv:
+            found.append(int(pid))
+    return found

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.sshd import SSHD, USER, Sshd, client_config, host_options, keygen
+from tests.sshd import SSHD, USER, Sshd, client_config, host_options, keygen, ssh_clients_naming
 
 if SSHD is None:
     if os.environ.get("CI"):
@@ -262,19 +262,6 @@ def test_a_lying_or_slow_host_costs_itself_alone_on_either_transport(keys, tmp_p
     assert took < 20  # the 4 s deadline, not sleep's 30
 
 
-def _ssh_clients_of(cfg: Path) -> list:
-    """The live ssh processes whose command line names ``cfg`` (this test's config: no other test's)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path("/proc", pid, "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"ssh") and str(cfg).encode() in argv:
-            found.append(int(pid))
-    return found
-
-
 @pytest.mark.parametrize("transport,signum", [("openssh", "SIGINT"), ("paramiko", "SIGINT"), ("openssh", "SIGTERM")])
 def test_ctrl_c_ends_the_sweep_at_once_and_leaves_no_ssh_running(keys, tmp_path, transport, signum):
     """Six hosts whose probe never answers, two at a time: Ctrl-C (or SIGTERM) starts no other host and ends the
@@ -306,7 +293,7 @@ def test_ctrl_c_ends_the_sweep_at_once_and_leaves_no_ssh_running(keys, tmp_path,
         _, err = proc.communicate(timeout=60)  # not the 3 rounds of sleep 60 still queued
         assert proc.returncode == 130, err[-2000:]
         assert len(os.listdir(str(started))) == 2  # no host was started after Ctrl-C
-        assert _ssh_clients_of(cfg) == []
+        assert ssh_clients_naming(cfg) == []
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -381,7 +368,7 @@ def test_one_host_from_a_terminal_asks_for_the_keys_passphrase_there(server, tmp
             assert "kvforensics ssh:node" in shown and "open sesame" not in shown
         else:
             assert done.read_text().strip() == "rc=130", shown
-        assert _ssh_clients_of(cfg) == []
+        assert ssh_clients_naming(cfg) == []
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True)
         server_keys.write_text(before)

@@ -24,7 +24,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Dict, List, Optional
 
-from kvforensics.agent.cli import exitcodes
+from kvforensics.agent.cli import exitcodes, headstart
 from kvforensics.agent.cli.options import UsageProblem
 from kvforensics.agent.cli.params import ExitStatus, Option, declared
 
@@ -255,6 +255,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point: run the command, map every outcome to a documented exit code."""
     args = sys.argv[1:] if argv is None else argv
     try:
+        headstart.begin(args)  # one host's ssh on its way while typer loads (agent/cli/headstart.py)
         return _run(args)
     except UsageProblem as exc:
         sys.stderr.write("kvforensics: error: {}\n".format(exc))
@@ -275,6 +276,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write("kvforensics: internal error: {}: {} (rerun with KVFORENSICS_DEBUG=1 for a "
                          "traceback, and please report it)\n".format(type(exc).__name__, exc))
         return exitcodes.EXIT_INTERNAL
+    finally:
+        headstart.end()
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

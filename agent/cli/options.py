@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 from typing import TYPE_CHECKING, Annotated, List, Optional
 
@@ -215,4 +214,6 @@ def use_color(color: Optional[bool]) -> bool:
 def terminal_width() -> int:
     """Columns to render for: COLUMNS, else the terminal's; 80 when piped (into less, a ticket, tee: the width every
     report fits), never under 80."""
+    import shutil  # here: its import (bz2, lzma, fnmatch) is not paid before a one-host inspect's ssh starts
+
     return max(80, shutil.get_terminal_size((80, 24)).columns)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 import selectors
-import shutil
 import signal
 import stat
 import subprocess
@@ -35,12 +34,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from kvforensics.agent.remote.outcome import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, ExecResult, SshError
 from kvforensics.agent.remote.stopping import OWN_PROCESS_GROUP, kill_group
 from kvforensics.agent.remote.targets import split_target
-from kvforensics.collectors.probe import sha256_hex
+from kvforensics.collectors.probe import REMOTE_COMMAND, sha256_hex
 
 MIN_VERSION = (7, 6)  # StrictHostKeyChecking accept-new
 CONTROL_PERSIST_S = 60
@@ -71,7 +70,7 @@ def find_client() -> Optional[Client]:
     if "ssh" in _FOUND:
         return _FOUND["ssh"]
     client = None
-    path = shutil.which("ssh")
+    path = _on_path("ssh")
     if path is not None:
         banner = _banner(path)
         m = _VERSION.search(banner)
@@ -79,6 +78,17 @@ def find_client() -> Optional[Client]:
             client = Client(path, (int(m.group(1)), int(m.group(2))), banner[:120])
     _FOUND["ssh"] = client
     return client
+
+
+def _on_path(name: str) -> Optional[str]:
+    """``shutil.which(name)`` without shutil, whose import (bz2, lzma, fnmatch) cost a one-host inspect ~7 ms
+    before its ssh could start; and never from a relative PATH entry ("", "."), which would run an ``ssh`` from
+    wherever the command was typed."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder, name)
+        if os.path.isabs(folder) and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def _banner(path: str) -> str:
@@ -90,9 +100,10 @@ def _banner(path: str) -> str:
     except OSError:
         return ""
     seen = "{}\0{}\0{}\0{}".format(os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    kept = usercache.folder() / "ssh-{}".format(sha256_hex(seen.encode("utf-8", "replace"))[:32])
+    kept = os.path.join(usercache.folder(), "ssh-{}".format(sha256_hex(seen.encode("utf-8", "replace"))[:32]))
     try:
-        said = kept.read_text("utf-8").strip()
+        with open(kept, encoding="utf-8") as f:
+            said = f.read(400).strip()
         if _VERSION.search(said):
             return said
     except (OSError, UnicodeDecodeError):
@@ -164,6 +175,13 @@ class Sessions(object):
             self._live.add(proc)
             return proc
 
+    def adopt(self, proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+        """A head start's ssh (head_start), from now on one of these."""
+        with self._lock:
+            self._live.add(proc)
+            if self._abandoned:
+                kill_group(proc, signal.SIGTERM)
+
     def ended(self, proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
         with self._lock:
             self._live.discard(proc)
@@ -190,6 +208,7 @@ class Connection:
     fingerprint: str = ""  # of everything ssh -G resolved: which master connection this destination may share
     connect_timeout: int = 0  # the ConnectTimeout the last ssh ran with
     notes: List[str] = field(default_factory=list)
+    head: Optional["_Head"] = None  # an ssh started for this destination before the run asked (head_start)
 
     @property
     def name(self) -> str:
@@ -238,8 +257,14 @@ class Connection:
                 "-o", "ControlPersist={}".format(CONTROL_PERSIST_S)]
 
     def exec(self, command: str, stdin: bytes, deadline: float) -> ExecResult:
-        out, err, status = _run(self.sessions, self.argv(command, deadline), stdin, deadline,
-                                self.options.interactive)
+        argv, head, self.head = self.argv(command, deadline), self.head, None
+        started = None
+        if head is not None and _same_ssh(head.argv, argv):
+            started, self.connect_timeout = head.proc, head.conn.connect_timeout
+        elif head is not None:
+            _end(head.proc)
+            self.sessions.ended(head.proc)
+        out, err, status = _run(self.sessions, argv, stdin, deadline, self.options.interactive, started)
         ssh_lines, remote = _split_stderr(err)
         if status == _SSH_ERROR:
             raise _failure(self, ssh_lines, err)
@@ -247,11 +272,22 @@ class Connection:
         return ExecResult(status, out, remote, len(stdin))
 
     def close(self) -> None:
-        """Nothing to close: a shared master lives on for ControlPersist, then exits by itself."""
+        """A head start not used is ended; nothing else to close: a shared master lives on for ControlPersist,
+        then exits by itself."""
+        head, self.head = self.head, None
+        if head is not None:
+            _end(head.proc)
+            self.sessions.ended(head.proc)
 
 
 def connect(target: str, options: Options, deadline: float, sessions: Optional[Sessions] = None) -> Connection:
     """The destination checked and resolved by ssh itself (``ssh -G``); nothing is sent to the host yet."""
+    head = _claim_head(target, options)
+    if head is not None:
+        head.conn.sessions = sessions or Sessions()
+        head.conn.sessions.adopt(head.proc)
+        head.conn.head = head
+        return head.conn
     client = find_client()
     if client is None:
         raise SshError("error", "no OpenSSH client ≥ 7.6 on PATH (use --transport paramiko)")
@@ -268,6 +304,76 @@ def connect(target: str, options: Options, deadline: float, sessions: Optional[S
     seen = "\0".join((resolved, conn.strictness(), options.identity or "", str(options.interactive)))
     conn.fingerprint = sha256_hex(seen.encode("utf-8", "replace"))[:32]
     return conn
+
+
+class _Head(NamedTuple):
+    """One destination's ssh, started before the run asked for it (agent/cli/headstart.py): the probe's remote
+    command waiting for its stdin."""
+
+    target: str
+    options: Options
+    conn: Connection
+    argv: List[str]
+    proc: "subprocess.Popen[bytes]"
+
+
+_HEAD: List[_Head] = []  # at most one
+_HEAD_LOCK = threading.Lock()
+
+
+def head_start(target: str, options: Options, timeout_s: float) -> None:
+    """Start ``target``'s ssh for the probe now, as ``connect`` and ``exec`` would: kept for the ``connect`` of
+    the same target and options, whose ``exec`` takes it when its argv is this one (else it is ended). What is
+    wrong here (ssh -G refuses the config, no client) is left for the run to find and say."""
+    if find_client() is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    try:
+        conn = connect(target, options, deadline)
+    except SshError:
+        return
+    argv = conn.argv(REMOTE_COMMAND, deadline)
+    proc = conn.sessions.start(argv, options.interactive)
+    drop_head()  # one at a time
+    with _HEAD_LOCK:
+        _HEAD.append(_Head(target, options, conn, argv, proc))
+
+
+def drop_head() -> None:
+    """The head start's ssh ended, if no connection took it."""
+    with _HEAD_LOCK:
+        heads = _HEAD[:]
+        del _HEAD[:]
+    for head in heads:
+        _end(head.proc)
+
+
+def _claim_head(target: str, options: Options) -> Optional[_Head]:
+    with _HEAD_LOCK:
+        if _HEAD and _HEAD[0].target == target and _HEAD[0].options == options:
+            return _HEAD.pop()
+    return None
+
+
+def _same_ssh(started: List[str], wanted: List[str]) -> bool:
+    """The same argv but for ConnectTimeout, which counts down from a deadline taken a little earlier."""
+    def plain(argv: List[str]) -> List[str]:
+        return [a for a in argv if not a.startswith("ConnectTimeout=")]
+
+    return plain(started) == plain(wanted)
+
+
+def _end(proc: "subprocess.Popen[bytes]") -> None:
+    """SIGTERM first: an ssh asking for a passphrase puts the terminal back as it was (echo on) before it exits."""
+    kill_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.wait()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None and not f.closed:
+            f.close()
 
 
 def _check_jumps(client: Client, options: Options, settings: Dict[str, str], target: str, deadline: float) -> None:
@@ -314,11 +420,11 @@ def _settings(client: Client, options: Options, destination: List[str], target: 
     return out, text
 
 
-def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float,
-         on_terminal: bool = False) -> Tuple[bytes, bytes, int]:
-    """Run ssh with ``stdin``; (stdout, stderr, exit status). Bounded in time (the deadline kills its process
-    group: ssh and its ProxyCommand) and in memory (the caps)."""
-    proc = sessions.start(argv, on_terminal)
+def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float, on_terminal: bool = False,
+         started: "Optional[subprocess.Popen[bytes]]" = None) -> Tuple[bytes, bytes, int]:
+    """Run ssh with ``stdin`` (or feed the one ``started`` with ``argv`` already); (stdout, stderr, exit status).
+    Bounded in time (the deadline kills its process group: ssh and its ProxyCommand) and in memory (the caps)."""
+    proc = started if started is not None else sessions.start(argv, on_terminal)
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

@@ -34,8 +34,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from kvforensics.agent.remote import usercache
 from kvforensics.collectors.probe import MARKER, VERSION, canonical, sha256_hex
+from kvforensics.collectors.probe import REMOTE_COMMAND as REMOTE_COMMAND  # the fleet's and kubectl's, from here
 
-REMOTE_COMMAND = "python3 -I -"  # constant: nothing the user types ever reaches a remote shell
 _PACKAGE = Path(__file__).resolve().parents[2] / "collectors"
 
 NO_LZMA = "KVFORENSICS-PROBE-NO-LZMA"
@@ -205,7 +205,7 @@ def slim_blob() -> bytes:
 
 @lru_cache(maxsize=4)
 def _slim_blob_cached(key: str, files: Tuple[Tuple[str, bytes], ...]) -> bytes:
-    path = usercache.folder() / "probe-{}.json".format(key)
+    path = Path(usercache.folder(), "probe-{}.json".format(key))
     try:
         return path.read_bytes()
     except OSError:
@@ -219,7 +219,7 @@ _XZ_NAME = re.compile(r"probe-[0-9a-f]{32}\.xz\Z")
 
 
 def _xz_path(blob: bytes) -> Path:
-    return usercache.folder() / "probe-{}.xz".format(sha256_hex(_SLIM_FORMAT + blob)[:32])
+    return Path(usercache.folder(), "probe-{}.xz".format(sha256_hex(_SLIM_FORMAT + blob)[:32]))
 
 
 @lru_cache(maxsize=4)
@@ -310,7 +310,7 @@ def _stat_key() -> Optional[str]:
 
 
 def _index_path(key: str) -> Path:
-    return usercache.folder() / "probe-index-{}".format(key)
+    return Path(usercache.folder(), "probe-index-{}".format(key))
 
 
 def _indexed_xz(key: str) -> Optional[Tuple[bytes, str]]:
@@ -319,7 +319,7 @@ def _indexed_xz(key: str) -> Optional[Tuple[bytes, str]]:
         code_sha256, xz_sha256, name = _index_path(key).read_text("ascii").split()
         if not _XZ_NAME.match(name):
             return None
-        xz = (usercache.folder() / name).read_bytes()
+        xz = Path(usercache.folder(), name).read_bytes()
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     return (xz, code_sha256) if sha256_hex(xz) == xz_sha256 else None
