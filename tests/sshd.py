@@ -7,9 +7,11 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 
@@ -102,3 +104,17 @@ def ssh_clients_naming(cfg: Path) -> List[int]:
         if argv and argv[0].endswith(b"ssh") and str(cfg).encode() in argv:
             found.append(int(pid))
     return found
+
+
+@contextmanager
+def control_folder() -> Iterator[Path]:
+    """A private folder for ssh's master sockets (short: a socket path holds 107 bytes); after the block, the
+    masters started there are told to exit now, not a minute later, and the folder goes."""
+    folder = Path(tempfile.mkdtemp(prefix="kvf-cm-", dir="/tmp"))
+    os.chmod(str(folder), 0o700)
+    try:
+        yield folder
+    finally:
+        for sock in folder.iterdir():
+            subprocess.run(["ssh", "-o", "ControlPath={}".format(sock), "-O", "exit", "x"], capture_output=True)
+        shutil.rmtree(str(folder), ignore_errors=True)  # a master removes its own socket as it exits, maybe later

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvforensics.agent.cli import headstart
-from tests.sshd import SSHD, Sshd, client_config, host_options, keygen, ssh_clients_naming
+from tests.sshd import SSHD, Sshd, client_config, control_folder, host_options, keygen, ssh_clients_naming
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,15 +69,11 @@ def node(tmp_path):
     wrapper = bin_dir / "ssh"
     wrapper.write_text("#!/bin/sh\necho \"$$ $*\" >> {}\nexec {} \"$@\"\n".format(runs, shutil.which("ssh")))
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    control = Path(subprocess.run(["mktemp", "-d", "-p", "/tmp", "kvf-cm-XXXXXX"], capture_output=True, text=True,
-                                  check=True).stdout.strip())
-    env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), PYTHONPATH=str(ROOT),
-               XDG_CACHE_HOME=str(tmp_path / "cache"), KVFORENSICS_SSH_CONTROL_DIR=str(control))
-    env.pop("SSH_AUTH_SOCK", None)
-    yield cfg, runs, env
-    for sock in control.iterdir():
-        subprocess.run(["ssh", "-o", "ControlPath={}".format(sock), "-O", "exit", "x"], capture_output=True)
-    shutil.rmtree(str(control), ignore_errors=True)
+    with control_folder() as control:
+        env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), PYTHONPATH=str(ROOT),
+                   XDG_CACHE_HOME=str(tmp_path / "cache"), KVFORENSICS_SSH_CONTROL_DIR=str(control))
+        env.pop("SSH_AUTH_SOCK", None)
+        yield cfg, runs, env
     server.stop()
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.sshd import SSHD, USER, Sshd, client_config, host_options, keygen, ssh_clients_naming
+from tests.sshd import SSHD, USER, Sshd, client_config, control_folder, host_options, keygen, ssh_clients_naming
 
 if SSHD is None:
     if os.environ.get("CI"):
@@ -64,15 +64,11 @@ def server(tmp_path_factory, keys):
 
 @pytest.fixture(autouse=True)
 def private_control_dir(monkeypatch):
-    """Each test's master connections in a folder of its own (short: a socket path holds 107 bytes)."""
-    folder = tempfile.mkdtemp(prefix="kvf-cm-")
-    os.chmod(folder, 0o700)
-    monkeypatch.setenv("KVFORENSICS_SSH_CONTROL_DIR", folder)
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    yield Path(folder)
-    for sock in Path(folder).iterdir():  # the masters this test started: exit now, not a minute later
-        subprocess.run(["ssh", "-o", "ControlPath={}".format(sock), "-O", "exit", "x"], capture_output=True)
-    shutil.rmtree(folder, ignore_errors=True)  # a master removes its own socket as it exits, maybe after this looks
+    """Each test's master connections in a folder of its own."""
+    with control_folder() as folder:
+        monkeypatch.setenv("KVFORENSICS_SSH_CONTROL_DIR", str(folder))
+        monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+        yield folder
 
 
 def _collected(t):

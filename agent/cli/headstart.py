@@ -149,6 +149,7 @@ def _seconds(value: object) -> Optional[float]:
     """--timeout as the command reads it (agent/cli/__init__.py's FLOAT_TEXT; the default is a float), when the
     command accepts it; else None."""
     from kvforensics.agent.cli import FLOAT_TEXT
+    from kvforensics.agent.cli.inspect import timeout_accepted
 
     if isinstance(value, str):
         if not FLOAT_TEXT.match(value):
@@ -156,4 +157,4 @@ def _seconds(value: object) -> Optional[float]:
         value = float(value)
     if not isinstance(value, float):
         return None
-    return value if 0 < value <= 86400 else None
+    return value if timeout_accepted(value) else None

@@ -181,7 +181,7 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
     opts = analysis_options(margin, request_tokens)
     if not 1 <= parallel <= 1024:
         raise UsageProblem("--parallel must be 1–1024, not {}".format(parallel))
-    if not 0 < timeout <= 86400:  # also NaN and infinity; 0 is not "no deadline": a silent host would hang the run
+    if not timeout_accepted(timeout):
         raise UsageProblem("--timeout must be more than 0 and at most 86400 seconds, not {:g}".format(timeout))
     if startup == 0:
         raise UsageProblem("--startup counts from 1 (first) or from -1 (last); 0 is neither")
@@ -207,6 +207,11 @@ def _validate(*, targets: Optional[List[str]], hosts_file: Optional[str], fmt: s
         accept_new_host_keys=accept_new_host_keys, parallel=parallel, timeout=timeout, identity=identity,
         context=context, transport=transport, multiplex=multiplex, db=db, opts=opts, level=level, fmt=fmt,
         detail=detail, color=color, sort=sort)
+
+
+def timeout_accepted(timeout: float) -> bool:
+    """--timeout's bounds (also NaN and infinity out; 0 is not "no deadline": a silent host would hang the run)."""
+    return 0 < timeout <= 86400
 
 
 def _target_names(targets: Optional[List[str]], hosts_file: Optional[str]) -> List[str]:

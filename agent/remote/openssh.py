@@ -257,14 +257,8 @@ class Connection:
                 "-o", "ControlPersist={}".format(CONTROL_PERSIST_S)]
 
     def exec(self, command: str, stdin: bytes, deadline: float) -> ExecResult:
-        argv, head, self.head = self.argv(command, deadline), self.head, None
-        started = None
-        if head is not None and _same_ssh(head.argv, argv):
-            started, self.connect_timeout = head.proc, head.conn.connect_timeout
-        elif head is not None:
-            _end(head.proc)
-            self.sessions.ended(head.proc)
-        out, err, status = _run(self.sessions, argv, stdin, deadline, self.options.interactive, started)
+        argv = self.argv(command, deadline)
+        out, err, status = _run(self.sessions, argv, stdin, deadline, self.options.interactive, self._take_head(argv))
         ssh_lines, remote = _split_stderr(err)
         if status == _SSH_ERROR:
             raise _failure(self, ssh_lines, err)
@@ -274,10 +268,20 @@ class Connection:
     def close(self) -> None:
         """A head start not used is ended; nothing else to close: a shared master lives on for ControlPersist,
         then exits by itself."""
+        self._take_head(None)
+
+    def _take_head(self, argv: Optional[List[str]]) -> "Optional[subprocess.Popen[bytes]]":
+        """The head start's ssh, once, when it was started with ``argv`` (ConnectTimeout aside); else it is
+        ended."""
         head, self.head = self.head, None
-        if head is not None:
-            _end(head.proc)
-            self.sessions.ended(head.proc)
+        if head is None:
+            return None
+        if argv is not None and _same_ssh(head.argv, argv):
+            self.connect_timeout = head.connect_timeout  # the one that ssh runs with
+            return head.proc
+        _end(head.proc)
+        self.sessions.ended(head.proc)
+        return None
 
 
 def connect(target: str, options: Options, deadline: float, sessions: Optional[Sessions] = None) -> Connection:
@@ -287,7 +291,7 @@ def connect(target: str, options: Options, deadline: float, sessions: Optional[S
         head.conn.sessions = sessions or Sessions()
         head.conn.sessions.adopt(head.proc)
         head.conn.head = head
-        return head.conn
+        return head.conn  # what ssh -G said, asked once
     client = find_client()
     if client is None:
         raise SshError("error", "no OpenSSH client ≥ 7.6 on PATH (use --transport paramiko)")
@@ -310,10 +314,9 @@ class _Head(NamedTuple):
     """One destination's ssh, started before the run asked for it (agent/cli/headstart.py): the probe's remote
     command waiting for its stdin."""
 
-    target: str
-    options: Options
-    conn: Connection
+    conn: Connection  # its target, options and what ssh -G said
     argv: List[str]
+    connect_timeout: int  # the argv's
     proc: "subprocess.Popen[bytes]"
 
 
@@ -336,7 +339,7 @@ def head_start(target: str, options: Options, timeout_s: float) -> None:
     proc = conn.sessions.start(argv, options.interactive)
     drop_head()  # one at a time
     with _HEAD_LOCK:
-        _HEAD.append(_Head(target, options, conn, argv, proc))
+        _HEAD.append(_Head(conn, argv, conn.connect_timeout, proc))
 
 
 def drop_head() -> None:
@@ -350,7 +353,7 @@ def drop_head() -> None:
 
 def _claim_head(target: str, options: Options) -> Optional[_Head]:
     with _HEAD_LOCK:
-        if _HEAD and _HEAD[0].target == target and _HEAD[0].options == options:
+        if _HEAD and _HEAD[0].conn.target == target and _HEAD[0].conn.options == options:
             return _HEAD.pop()
     return None
 
@@ -371,6 +374,10 @@ def _end(proc: "subprocess.Popen[bytes]") -> None:
     except subprocess.TimeoutExpired:
         kill_group(proc)
         proc.wait()
+    _close_pipes(proc)
+
+
+def _close_pipes(proc: "subprocess.Popen[bytes]") -> None:
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None and not f.closed:
             f.close()
@@ -471,9 +478,7 @@ def _run(sessions: Sessions, argv: List[str], stdin: bytes, deadline: float, on_
             kill_group(proc)
             proc.wait()
         sessions.ended(proc)
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            if not f.closed:
-                f.close()
+        _close_pipes(proc)
 
 
 def _read(sel: selectors.BaseSelector, key: selectors.SelectorKey, out: bytearray, err: bytearray) -> None:
