@@ -188,11 +188,20 @@ class Sessions(object):
 
     def abandon(self) -> None:
         """SIGTERM to every live ssh's process group (ssh and its ProxyCommand): ssh closes its channel, and sshd
-        hangs up the probe's session; the caller's threads then reap them."""
+        hangs up the probe's session. Then each is waited for, up to 2 s in all, and killed past that: the run
+        exits next, and must not leave one behind (under load one was still running as it exited)."""
         with self._lock:
             self._abandoned = True
-            for proc in self._live:
-                kill_group(proc, signal.SIGTERM)
+            live = list(self._live)
+        for proc in live:
+            kill_group(proc, signal.SIGTERM)
+        until = time.monotonic() + 2.0
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.0, until - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                proc.wait()
 
 
 @dataclass
